@@ -1,0 +1,36 @@
+# Two entry points: `make study` runs the default study end to end, `make test` runs the tests.
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.plantbench-installed
+SNAKEMAKE_ARGS ?=
+
+.PHONY: study test install lint format clean-results
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	@touch $(STAMP)
+
+study: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake --profile profiles/local $(SNAKEMAKE_ARGS)
+
+test: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+	$(BIN)/snakefmt --check Snakefile workflow/rules
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake --lint
+
+format: $(STAMP)
+	$(BIN)/ruff format src tests
+	$(BIN)/ruff check --fix src tests
+	$(BIN)/snakefmt Snakefile workflow/rules
+
+clean-results:
+	rm -rf results/*/ .snakemake/incomplete

@@ -1,0 +1,13 @@
+"""The one exception type users see: a single line naming the problem and the fix."""
+
+
+class PlantbenchError(Exception):
+    """A user-facing error. The CLI prints ``plantbench: error: <message>`` and exits 2."""
+
+
+class ConfigError(PlantbenchError):
+    """A bad configuration value, reported before any output is written."""
+
+
+class ArtifactError(PlantbenchError):
+    """A missing, corrupt or mismatched artifact (names the file and what to do)."""
