@@ -11,3 +11,10 @@ class ConfigError(PlantbenchError):
 
 class ArtifactError(PlantbenchError):
     """A missing, corrupt or mismatched artifact (names the file and what to do)."""
+
+
+class Preempted(PlantbenchError):
+    """Raised after the resumable state was saved because a stop signal arrived."""
+
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the job should be retried and will resume

@@ -1,0 +1,22 @@
+# plantbench: the paired-pretraining attribution study as a Snakemake DAG.
+# Each rule is one call of the `plantbench` CLI; the logic lives in src/plantbench/.
+from snakemake.utils import min_version
+
+
+min_version("9.0")
+
+
+configfile: "config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/ground_truth.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        f"{R}/causal/meta.json",
+        f"{R}/report/report.md",

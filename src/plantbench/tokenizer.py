@@ -1,0 +1,192 @@
+"""Byte-level BPE tokenizer trained on the corpus' training split, saved as an HF tokenizer.
+
+The tokenizer is GPT-2 style: a ``ByteLevel`` pre-tokenizer (``add_prefix_space=False``, the
+GPT-2 split regex) and a ``ByteLevel`` decoder, so every string round-trips and no text is
+unknown. Special tokens, in this order and with these ids: ``<|pad|>`` = 0, ``<|bos|>`` = 1,
+``<|eos|>`` = 2. Nothing is added automatically when encoding: callers place BOS/EOS.
+
+Because the pre-tokenizer cuts *before* a space (``" word"`` is one piece), encoding a prompt
+and ``" " + answer`` separately and concatenating the ids gives the same ids as encoding
+``prompt + " " + answer`` whenever the prompt does not end in whitespace and the answer starts
+with a letter or digit. The query and causal stages rely on this.
+
+Determinism: ``tokenizers``' BPE trainer breaks ties between equally frequent pairs by the
+pair itself, so training is reproducible regardless of the number of threads (checked with
+``RAYON_RS_NUM_CPUS=1`` and with the default pool: identical ``tokenizer.json``). The folder
+written by ``save_pretrained`` holds ``tokenizer.json`` (written by the library in a fixed order)
+and ``tokenizer_config.json`` (rewritten here with sorted keys and no local paths), so the
+artifact is byte-for-byte reproducible.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from .config import config_hash
+from .errors import ArtifactError, PlantbenchError
+from .io import atomic_dir, dumps_json, read_meta, write_meta
+
+log = logging.getLogger(__name__)
+
+PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|eos|>"
+SPECIAL_TOKENS = (PAD, BOS, EOS)
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+TOKENIZER_JSON = "tokenizer.json"
+
+
+def _untrained() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _check_specials(tok: Tokenizer, where: str) -> None:
+    for token, expected in zip(SPECIAL_TOKENS, (PAD_ID, BOS_ID, EOS_ID), strict=True):
+        got = tok.token_to_id(token)
+        if got != expected:
+            raise ArtifactError(
+                f"'{where}': special token {token} has id {got}, expected {expected}; "
+                "rerun the 'tokenizer' step"
+            )
+
+
+def train(cfg: dict[str, Any], corpus_df: pd.DataFrame) -> Tokenizer:
+    """Train the BPE tokenizer on the ``split == "train"`` texts of the corpus table."""
+    missing = {"text", "split"} - set(corpus_df.columns)
+    if missing:
+        raise PlantbenchError(
+            f"corpus table lacks column(s) {', '.join(sorted(missing))}; rerun the 'corpus' step"
+        )
+    texts = corpus_df.loc[corpus_df["split"] == "train", "text"].tolist()
+    if not texts:
+        raise PlantbenchError(
+            "corpus has no 'train' documents to train the tokenizer on; add text to corpus.sources"
+        )
+    tcfg = cfg["tokenizer"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=int(tcfg["vocab_size"]),
+        min_frequency=int(tcfg["min_frequency"]),
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok = _untrained()
+    t0 = time.perf_counter()
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    log.info(
+        "tokenizer: trained on %d docs in %.1f s, vocab %d",
+        len(texts),
+        time.perf_counter() - t0,
+        tok.get_vocab_size(),
+    )
+    _check_specials(tok, "trained tokenizer")
+    if tok.get_vocab_size() < int(tcfg["vocab_size"]):
+        log.warning(
+            "tokenizer: vocab is %d, below tokenizer.vocab_size=%d (corpus too small or "
+            "min_frequency too high)",
+            tok.get_vocab_size(),
+            tcfg["vocab_size"],
+        )
+    return tok
+
+
+def encode_batch(tok: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text, without special tokens (parallel; no offsets are computed)."""
+    return [e.ids for e in tok.encode_batch_fast(list(texts), add_special_tokens=False)]
+
+
+def _count_tokens(tok: Tokenizer, texts: list[str], chunk: int = 512) -> int:
+    n = 0
+    for i in range(0, len(texts), chunk):
+        n += sum(len(ids) for ids in encode_batch(tok, texts[i : i + chunk]))
+    return n
+
+
+def save(tok: Tokenizer, folder: Path) -> list[str]:
+    """Write ``tok`` as a Hugging Face tokenizer folder (deterministic bytes); return file names."""
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD
+    )
+    fast.save_pretrained(str(folder))
+    files = sorted(p.name for p in folder.iterdir() if p.is_file())
+    for name in files:
+        path = folder / name
+        if name.endswith(".json") and name != TOKENIZER_JSON:
+            # tokenizer.json is already canonical (the library writes it in a fixed order);
+            # the config files get sorted keys and lose anything that names a local path.
+            obj = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(obj, dict):
+                obj.pop("name_or_path", None)
+            path.write_text(dumps_json(obj), encoding="utf-8")
+    return files
+
+
+def run(cfg: dict[str, Any], corpus_dir: Path, out_dir: Path) -> dict[str, Any]:
+    """Train on the corpus artifact in ``corpus_dir``; write the tokenizer folder ``out_dir``."""
+    from . import corpus as corpus_mod
+    from .io import read_parquet
+
+    corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
+    corpus_meta = read_meta(corpus_dir, "corpus")
+    expected = config_hash(cfg, ["seed", "corpus"])
+    if corpus_meta["config_hash"] != expected:
+        raise ArtifactError(
+            f"'{corpus_dir}' was made with a different seed/corpus config; "
+            "rerun the 'corpus' step (snakemake --forcerun corpus)"
+        )
+    df = read_parquet(corpus_dir / corpus_mod.CORPUS_FILE)
+    tok = train(cfg, df)
+
+    t0 = time.perf_counter()
+    stats: dict[str, Any] = {}
+    for split in ("train", "heldout"):
+        texts = df.loc[df["split"] == split, "text"].tolist()
+        n_bytes = sum(len(t.encode("utf-8")) for t in texts)
+        n_tok = _count_tokens(tok, texts)
+        stats[f"{split}_tokens"] = n_tok
+        stats[f"{split}_bytes"] = n_bytes
+        stats[f"bytes_per_token_{split}"] = round(n_bytes / n_tok, 4) if n_tok else None
+    log.info(
+        "tokenizer: %d train tokens (%.3f bytes/token), %d heldout tokens, counted in %.1f s",
+        stats["train_tokens"],
+        stats["bytes_per_token_train"] or 0.0,
+        stats["heldout_tokens"],
+        time.perf_counter() - t0,
+    )
+    info = {
+        "vocab_size": tok.get_vocab_size(),
+        "vocab_size_requested": int(cfg["tokenizer"]["vocab_size"]),
+        "special_tokens": {PAD: PAD_ID, BOS: BOS_ID, EOS: EOS_ID},
+        **stats,
+    }
+    with atomic_dir(out_dir) as tmp:
+        files = save(tok, tmp)
+        meta = write_meta(
+            tmp,
+            "tokenizer",
+            files,
+            config_hash=config_hash(cfg, ["seed", "corpus", "tokenizer"]),
+            inputs={"corpus": corpus_meta["hash"]},
+            info=info,
+        )
+    return meta
+
+
+def load(tok_dir: Path) -> Tokenizer:
+    """The trained tokenizer of a finished ``tokenizer`` artifact (files checked by hash)."""
+    tok_dir = Path(tok_dir)
+    read_meta(tok_dir, "tokenizer")
+    tok = Tokenizer.from_file(str(tok_dir / TOKENIZER_JSON))
+    _check_specials(tok, str(tok_dir / TOKENIZER_JSON))
+    return tok

@@ -1,0 +1,42 @@
+# The causal ground truth and the study report.
+
+
+rule causal:
+    input:
+        config=CONFIG_JSON,
+        facts=rules.facts.output.meta,
+        models=expand("{R}/models/{model}/meta.json", R=R, model=MODELS),
+    output:
+        meta=f"{R}/causal/meta.json",
+        facts=f"{R}/causal/facts.parquet",
+        queries=f"{R}/causal/queries.parquet",
+    log:
+        log_of("causal"),
+    benchmark:
+        bench_of("causal")
+    threads: 2
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    shell:
+        "plantbench causal -c {input.config} --threads {threads} 2> {log}"
+
+
+rule report:
+    input:
+        config=CONFIG_JSON,
+        causal=rules.causal.output.meta,
+        models=expand("{R}/models/{model}/meta.json", R=R, model=MODELS),
+    output:
+        report=f"{R}/report/report.md",
+        loss=report(f"{R}/report/loss_curves.png", category="Training"),
+    log:
+        log_of("report"),
+    benchmark:
+        bench_of("report")
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        "plantbench report -c {input.config} 2> {log}"
