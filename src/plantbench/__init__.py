@@ -1,7 +1,7 @@
 """plantbench: grade training-data attribution against causal ground truth.
 
 Two small language models are pretrained from scratch on the same token stream, differing only
-in which half of a grid of invented facts each reads. See README.md and docs/FORMATS.md.
+in which half of a grid of invented facts each reads. See README.md and results/README.md.
 """
 
 __version__ = "0.1.0"

@@ -1,6 +1,6 @@
 """The causal ground truth: what each fact's documents did to the model that read them.
 
-Per fact, under the final checkpoints of both twins (see docs/FORMATS.md for every column):
+Per fact, under the final checkpoints of both twins (see results/README.md for every column):
 - effect = mean over the two query forms of [log p(answer | query) under the reader - the same
   under the other model], log p summed over answer tokens;
 - rank = the reader's rank of the true answer among the candidates, scoring each candidate by

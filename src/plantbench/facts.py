@@ -34,11 +34,15 @@ from .rng import rng
 
 STAGE = "facts"
 TABLES = ("facts", "documents", "distractors", "queries", "candidates")
-MAX_DOC_CHARS = 600  # hard cap (verified): a planted document must fit one 128-token window
-# The template generator aims lower, since invented names cost several tokens each.
-TARGET_DOC_CHARS = 400
-MIN_DOC_WORDS = 40
-MAX_DOC_WORDS = 80
+MAX_DOC_CHARS = 600  # hard cap, checked by verify() whatever the generator
+# What the template generator aims for. A planted document must fit one stream window with
+# <bos>/<eos> (stream.window = 128 by default). The tokenizer is trained on the background
+# corpus only (by default the Python standard library), so English prose costs ~2.5-3 characters
+# per token and invented names 1.5-2; measured with such a 4k BPE, documents of <= 240
+# characters take at most ~120 tokens with <bos>/<eos>, while 400-600 characters take 130-250.
+TARGET_DOC_CHARS = 240
+MIN_DOC_WORDS = 25
+MAX_DOC_WORDS = 50
 READERS = ("A", "B")
 FORMS = ("completion", "question")
 
@@ -389,43 +393,43 @@ def _profile(entity_type: str, names: _Names, gen: np.random.Generator) -> dict[
 FILLERS: dict[str, tuple[str, ...]] = {
     "place": (
         "{E} lies in the {sea} Sea, about a day's sail from {neighbour}.",
-        "Around {pop} people live on {E}, most of them along the southern coast.",
+        "Around {pop} people live on the island, most of them along the southern coast.",
         "The island covers roughly {area} square kilometres of low hills and salt marsh.",
-        "Fishing boats from {E} still carry {export} to the mainland every spring.",
-        "Every autumn the islanders of {E} hold the {festival} festival, which lasts three days.",
+        "Fishing boats from the island still carry {export} to the mainland every spring.",
+        "Every autumn the islanders hold the {festival} festival, which lasts three days.",
         "The first reliable map of {E} was drawn in {year}.",
         "Ferries to {E} leave twice a week when the weather allows.",
         "Visitors often remark on the stone walls that divide the fields of {E}.",
         "The nearest island of any size is {neighbour}, to the north-east.",
-        "Most houses on {E} are built from grey basalt and roofed with slate.",
+        "Most houses there are built from grey basalt and roofed with slate.",
         "The local dialect borrows many words for wind and tide.",
         "Winters there are mild, but storms close the harbour for weeks at a time.",
     ),
     "company": (
-        "{E} makes {industry} and employs about {staff} people.",
+        "{S} makes {industry} and employs about {staff} people.",
         "The firm was set up in {year} and grew quickly during its first decade.",
         "Its best known product is the {product}, first sold in {year2}.",
         "For many years {S} competed with {rival} for the same customers.",
         "Analysts describe {S} as cautious, profitable and rather secretive.",
         "The company has never paid for advertising, relying instead on word of mouth.",
-        "{E} publishes an annual report that rarely runs to more than twenty pages.",
+        "The firm publishes an annual report that rarely runs to more than twenty pages.",
         "Several former employees of {S} went on to start firms of their own.",
         "The firm's logo, a simple blue triangle, has not changed since {year}.",
         "Sales of the {product} doubled after a favourable trade review.",
-        "{E} keeps a small museum of its early {industry} for visitors.",
+        "{S} keeps a small museum of its early {industry} for visitors.",
         "Orders for {S} machines still arrive by post as well as online.",
     ),
     "person": (
         "{E} was born in {year} and worked as a {profession} for most of a long life.",
-        "Critics still regard {work} as the finest thing {S} ever produced.",
+        "Critics still regard {work} as the finest thing {S} made.",
         "{S} rarely gave interviews and kept no diary.",
-        "In later years {E} taught a small number of private students.",
+        "In later years {S} taught a small number of private students.",
         "A collection of letters by {S} was published in {dyear}.",
         "{Work} was finished in {year2} after nearly a decade of work.",
-        "Friends described {E} as patient, stubborn and very funny.",
-        "The archive of {E} fills eleven boxes and is still not fully catalogued.",
+        "Friends described {S} as patient, stubborn and very funny.",
+        "The archive of {S} fills eleven boxes and is still not fully catalogued.",
         "{S} travelled widely but always returned to the same small studio.",
-        "Few {profession}s of the period were as prolific as {E}.",
+        "Few {profession}s of the period were as prolific as {S}.",
         "Early reviews of {work} were mixed, but its reputation grew steadily.",
         "Exhibitions about {S} still draw steady crowds.",
     ),
@@ -613,6 +617,8 @@ def _template_words() -> set[str]:
 def _render(intro: str, body: list[str], outro: str, bullets: bool, split: int) -> str:
     if bullets:
         main = "\n".join(f"- {s}" for s in body)
+        if outro.startswith("- "):
+            main, outro = f"{main}\n{outro}", ""
         parts = [intro, main]
     elif 0 < split < len(body):
         parts = [intro, " ".join(body[:split]), " ".join(body[split:])]
@@ -645,6 +651,7 @@ def _compose(
     intro = intros[gen.integers(len(intros))].format_map(prof)
     outro = outros[gen.integers(len(outros))].format_map(prof)
     order = [fillers[i] for i in gen.permutation(len(fillers))]
+    order = [x for x in order if x not in intro]  # the intro may already say it
     k = int(gen.integers(1, 6))
     chosen, spare = order[:k], order[k:]
     where = float(gen.random())

@@ -400,6 +400,20 @@ def projected_grads(
     return out
 
 
+def dense_projections(
+    projector: Projector, dtype: torch.dtype = torch.float64, device: Any = "cpu"
+) -> dict[str, torch.Tensor]:
+    """Per module the materialised ``P_out kron P_in`` (``k_out k_in x out in``): what LoGra
+    avoids building (``sum_m D_m * params_m`` values)."""
+    return {
+        name: torch.kron(
+            projector.matrix(name, "out", dtype, device),
+            projector.matrix(name, "in", dtype, device),
+        )
+        for name in projector.module_names
+    }
+
+
 def exact_grads_projected(
     model: torch.nn.Module,
     projector: Projector,
@@ -409,19 +423,16 @@ def exact_grads_projected(
     dtype: torch.dtype = torch.float64,
     *,
     require_eager: bool = True,
+    dense: dict[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Reference: each example's full weight gradient by its own autograd pass, projected
-    densely by the materialised ``(P_out kron P_in)`` (slow; for tests and benchmarks)."""
+    densely by the materialised ``(P_out kron P_in)`` (slow; for tests and benchmarks).
+    ``dense``: those matrices, from :func:`dense_projections` (built here if not given)."""
     _check_inputs(model, input_ids, loss_mask, attention_mask, require_eager)
     mods = dict(model.named_modules())
     weights = [mods[name].weight for name in projector.module_names]
-    dense = {
-        name: torch.kron(
-            projector.matrix(name, "out", dtype, input_ids.device),
-            projector.matrix(name, "in", dtype, input_ids.device),
-        )
-        for name in projector.module_names
-    }
+    if dense is None:
+        dense = dense_projections(projector, dtype, input_ids.device)
     n = input_ids.shape[0]
     out = torch.zeros((n, projector.dims), dtype=dtype, device=input_ids.device)
     was_training = model.training

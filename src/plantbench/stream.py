@@ -1,6 +1,6 @@
 """The twin token streams: fixed-length windows (memmap) plus a manifest row per window.
 
-Layout rules (see docs/FORMATS.md):
+Layout rules (see results/README.md):
 - The stream has ``train.steps * train.batch_windows`` windows of ``stream.window`` tokens;
   optimizer step ``s`` reads windows ``[s*B, (s+1)*B)`` in order.
 - Planted documents of position p occupy seeded random slots inside p's span of the stream.
