@@ -13,6 +13,8 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/ground_truth.smk"
+include: "workflow/rules/attribution.smk"
+include: "workflow/rules/analysis.smk"
 
 
 rule all:

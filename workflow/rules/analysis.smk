@@ -1,0 +1,2 @@
+# Grading: retrieval metrics, attributed mass, within-cell correlations. (Filled in by the
+# analysis work.)
