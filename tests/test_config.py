@@ -41,6 +41,17 @@ def test_deep_merge_keeps_siblings():
         ({"train": {"batch_windows": 8, "micro_batch_windows": 3}}, "multiple"),
         ({"stream": {"position_spans": {"late": [0.9, 0.8]}}}, "start < end"),
         ({"corpus": {"sources": [{"kind": "jsonl"}]}}, "corpus.sources.0.path"),
+        ({"train": {"steps": 100}}, "does not fit in the stream"),
+        (
+            {
+                "facts": {"distractors_per_entity": 4},
+                "train": {"steps": 300},
+                "stream": {
+                    "position_spans": {"early": [0, 0.33], "middle": [0.33, 0.66], "late": [0.66, 1]}
+                },
+            },
+            "distractor windows exceed",
+        ),
     ],
 )
 def test_bad_values_give_one_line_naming_the_key(default_cfg, override, expect):

@@ -109,6 +109,7 @@ def _check_semantics(cfg: dict[str, Any]) -> None:
             raise ConfigError(
                 f"config key 'stream.position_spans.{pos}' = {span} must have start < end (fractions of the stream)"
             )
+    _check_grid_fits(cfg)
     c = cfg["corpus"]
     if c["min_doc_chars"] > c["max_doc_chars"]:
         raise ConfigError("config key 'corpus.min_doc_chars' must be <= 'corpus.max_doc_chars'")
@@ -117,6 +118,31 @@ def _check_semantics(cfg: dict[str, Any]) -> None:
             raise ConfigError(
                 f"config key 'corpus.sources.{i}.path' is missing; a '{src['kind']}' source needs a local path"
             )
+
+
+def _check_grid_fits(cfg: dict[str, Any]) -> None:
+    """The planted documents of each position must fit its span of the stream (pure arithmetic,
+    so a grid that cannot fit stops the run before anything is written)."""
+    f, t = cfg["facts"], cfg["train"]
+    n = int(t["steps"]) * int(t["batch_windows"])
+    per_position = len(f["domains"]) * int(f["facts_per_cell"]) * sum(int(x) for x in f["n_docs"])
+    for pos in f["positions"]:
+        lo, hi = cfg["stream"]["position_spans"][pos]
+        span = int(hi * n // 1) - int(lo * n // 1)
+        if per_position > span:
+            raise ConfigError(
+                f"the fact grid does not fit in the stream: position '{pos}' needs {per_position} "
+                f"windows but its span has {span} of the {n} (train.steps x train.batch_windows); "
+                "raise train.steps or lower facts.n_docs / facts.facts_per_cell"
+            )
+    n_facts = len(f["domains"]) * len(f["n_docs"]) * len(f["positions"]) * 2 * int(f["facts_per_cell"])
+    planted = per_position * len(f["positions"])
+    if planted + n_facts * int(f["distractors_per_entity"]) > n:
+        raise ConfigError(
+            f"the fact grid does not fit in the stream: {planted} planted and "
+            f"{n_facts * int(f['distractors_per_entity'])} distractor windows exceed the {n} windows; "
+            "raise train.steps or lower facts.distractors_per_entity"
+        )
 
 
 def load(paths: list[str | Path], overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:

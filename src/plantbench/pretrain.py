@@ -6,7 +6,7 @@
 - Both twins start from the same initial weights (seed ``derive_seed(seed, "init")``).
 - Resumable state (model, optimizer, scheduler, step, loss log, every RNG state) is saved
   atomically every ``train.state_every_steps`` steps and when SIGTERM / SIGUSR1 arrives (Slurm
-  sends one before a time limit or preemption); the job then exits with code 75 so that it is
+  sends one before a time limit or preemption; SIGURG too); the job then exits with code 75 so that it is
   retried, and the retry resumes from the state. On the CPU the resumed run is bit-identical.
 - HF checkpoints (``save_pretrained``) every ``train.checkpoint_every_steps`` steps and at the end.
 """
@@ -41,10 +41,30 @@ log = logging.getLogger(__name__)
 
 STATE = "state.pt"
 __all__ = ["EXIT_PREEMPTED", "Preempted", "train"]
+# SIGTERM: scancel / preemption; SIGUSR1: `--signal=USR1@T`; SIGURG: `--signal=URG@T`, the one
+# the Slurm profile uses because the executor's job wrapper survives it (see profiles/slurm).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGURG)
 
 def train_config_hash(cfg: dict[str, Any]) -> str:
     sub = {"seed": cfg["seed"], "model": cfg["model"], "train": {k: v for k, v in cfg["train"].items() if k != "threads"}}
     return hash_bytes(canonical_json(sub).encode())
+
+
+def checkpoint_steps(cfg_train: dict[str, Any]) -> list[int]:
+    """Optimizer steps after which an HF checkpoint is saved: every
+    ``checkpoint_every_steps`` and the last step (pure: the Snakefile uses it too)."""
+    steps, every = int(cfg_train["steps"]), int(cfg_train["checkpoint_every_steps"])
+    return sorted({*range(every, steps + 1, every), steps})
+
+
+def checkpoint_name(step: int) -> str:
+    """Folder name of the checkpoint saved after ``step`` optimizer steps."""
+    return f"step_{int(step):07d}"
+
+
+def checkpoint_names(cfg: dict[str, Any]) -> list[str]:
+    """Every checkpoint a finished model of this config has, oldest first."""
+    return [checkpoint_name(s) for s in checkpoint_steps(cfg["train"])]
 
 
 def lr_factor(step: int, cfg_train: dict[str, Any]) -> float:
@@ -205,10 +225,10 @@ def train(cfg: dict[str, Any], paths: Paths, model_name: str, *, threads: int | 
         }
 
     flag = _StopFlag()
-    old = {s: signal.signal(s, flag) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    old = {s: signal.signal(s, flag) for s in STOP_SIGNALS}
     steps = int(t["steps"])
     B, micro = int(t["batch_windows"]), int(t["micro_batch_windows"])
-    ckpt_steps = sorted({*range(int(t["checkpoint_every_steps"]), steps + 1, int(t["checkpoint_every_steps"])), steps})
+    ckpt_steps = checkpoint_steps(t)
     model.train()
     t0, tok_seen = time.time(), 0
     try:
@@ -233,7 +253,7 @@ def train(cfg: dict[str, Any], paths: Paths, model_name: str, *, threads: int | 
             tok_seen += B * W
             done = step + 1
             if done in ckpt_steps:
-                with io.atomic_dir(ckpt_dir / f"step_{done:07d}") as tmp:
+                with io.atomic_dir(ckpt_dir / checkpoint_name(done)) as tmp:
                     model.save_pretrained(tmp)
             if done % int(t["state_every_steps"]) == 0 or done == steps or flag.signal is not None:
                 save_state(state_path, snapshot(done))
@@ -256,11 +276,11 @@ def train(cfg: dict[str, Any], paths: Paths, model_name: str, *, threads: int | 
     io.write_text(out / "loss.csv", buf.getvalue())
     index = [
         {
-            "name": f"step_{s:07d}",
+            "name": checkpoint_name(s),
             "step": s,
             "tokens": s * B * W,
             "lr": lr_at(s - 1, t),
-            "hash": hash_tree(ckpt_dir / f"step_{s:07d}"),
+            "hash": hash_tree(ckpt_dir / checkpoint_name(s)),
         }
         for s in ckpt_steps
     ]

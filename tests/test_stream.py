@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from plantbench import config, io, stream, tokenizer
+from plantbench.cli import main
+from plantbench.errors import ConfigError
+from plantbench.hashing import window_hashes
+from plantbench.paths import Paths
+
+
+def test_a_and_b_differ_exactly_at_planted_windows(smoke_stream):
+    p = Paths(smoke_stream["cfg"])
+    a, b = stream.open_stream(p.stream("A")), stream.open_stream(p.stream("B"))
+    ma, mb = a.manifest, b.manifest
+    assert (ma["kind"] == mb["kind"]).all()
+    differ = (np.asarray(a.windows) != np.asarray(b.windows)).any(axis=1)
+    planted = (ma["kind"] == "planted").to_numpy()
+    assert (differ == planted).all()
+    assert (ma["hash"] != mb["hash"]).to_numpy().tolist() == planted.tolist()
+    # A reads facts of reader A at planted windows, B of reader B
+    facts = io.read_parquet(p.facts / "facts.parquet").set_index("fact_id")
+    assert (facts.loc[ma.loc[planted, "fact_id"], "reader"] == "A").all()
+    assert (facts.loc[mb.loc[planted, "fact_id"], "reader"] == "B").all()
+
+
+def test_manifest_hashes_match_windows_and_steps(smoke_stream):
+    s = stream.open_stream(Paths(smoke_stream["cfg"]).stream("A"))
+    assert (window_hashes(np.asarray(s.windows)) == s.manifest["hash"].to_numpy()).all()
+    B = s.batch_windows
+    assert (s.manifest["step"].to_numpy() == np.arange(len(s.manifest)) // B).all()
+    assert np.array_equal(s.batch(3), np.asarray(s.windows[3 * B : 4 * B]))
+
+
+def test_grid_layout_positions_and_counts(smoke_stream):
+    cfg = smoke_stream["cfg"]
+    p = Paths(cfg)
+    m = stream.open_stream(p.stream("A")).manifest
+    facts = io.read_parquet(p.facts / "facts.parquet").set_index("fact_id")
+    planted = m[m["kind"] == "planted"]
+    for pos in cfg["facts"]["positions"]:
+        span = stream.span_windows(cfg, pos)
+        idx = planted[facts.loc[planted["fact_id"], "position"].to_numpy() == pos]["index"]
+        assert idx.min() >= span.start and idx.max() < span.stop
+    per_fact = planted.groupby("fact_id").size()
+    assert (per_fact == facts.loc[per_fact.index, "n_docs"]).all()
+    dist = io.read_parquet(p.facts / "distractors.parquet")
+    assert (m["kind"] == "distractor").sum() == len(dist)
+
+
+def test_document_window_starts_with_the_document(smoke_stream):
+    p = Paths(smoke_stream["cfg"])
+    s = stream.open_stream(p.stream("B"))
+    docs = io.read_parquet(p.facts / "documents.parquet").set_index("doc_id")
+    tok = tokenizer.load(p.tokenizer)
+    row = s.manifest[s.manifest["kind"] == "planted"].iloc[0]
+    ids = [int(x) for x in s.windows[row["index"]]]
+    assert ids[0] == tokenizer.BOS_ID
+    n = int(row["doc_tokens"])
+    assert ids[n - 1] == tokenizer.EOS_ID
+    assert tok.decode(ids[1 : n - 1]) == docs.loc[row["doc_id"], "text"]
+
+
+def test_rebuilding_gives_identical_bytes(smoke_stream, tmp_path):
+    cfg = smoke_stream["cfg"]
+    p = Paths(cfg)
+    before = {m: io.read_meta(p.stream(m), "stream")["hash"] for m in ("A", "B")}
+    manifest = (p.stream("A") / "manifest.parquet").read_bytes()
+    assert main(["stream", "-c", str(smoke_stream["config"])]) == 0
+    after = {m: io.read_meta(p.stream(m), "stream")["hash"] for m in ("A", "B")}
+    assert before == after
+    assert manifest == (p.stream("A") / "manifest.parquet").read_bytes()
+
+
+def test_batch_viewer_prints_hashes(smoke_stream, capsys):
+    assert main(["batch", "-c", str(smoke_stream["config"]), "--model", "A", "--step", "2"]) == 0
+    out = capsys.readouterr().out
+    s = stream.open_stream(Paths(smoke_stream["cfg"]).stream("A"))
+    B = s.batch_windows
+    for h in s.manifest["hash"].iloc[2 * B : 3 * B]:
+        assert f"{int(h):016x}" in out
+    assert main(["batch", "-c", str(smoke_stream["config"]), "--model", "A", "--step", "99999"]) == 2
+
+
+def test_window_shorter_than_document_fails_before_writing(smoke_stream, tmp_path):
+    cfg = config.deep_merge(smoke_stream["cfg"], {"stream": {"window": 32}})
+    out = Paths(cfg)
+    before = {m: io.read_meta(out.stream(m), "stream")["hash"] for m in ("A", "B")}
+    with pytest.raises(ConfigError, match="stream.window = 32 is shorter than document"):
+        stream.build(config.validate(cfg), out)
+    # the existing streams were not touched
+    assert before == {m: io.read_meta(out.stream(m), "stream")["hash"] for m in ("A", "B")}
