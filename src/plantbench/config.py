@@ -172,3 +172,8 @@ def config_hash(cfg: Mapping[str, Any], keys: list[str] | None = None) -> str:
     """Hash of the whole config, or of the named top-level sections only."""
     sub = cfg if keys is None else {k: cfg[k] for k in keys}
     return hash_bytes(canonical_json(sub).encode())
+
+
+def study_hash(cfg: Mapping[str, Any]) -> str:
+    """Hash of everything that defines the study: the whole config except the output folder."""
+    return config_hash(cfg, sorted(k for k in cfg if k != "results"))

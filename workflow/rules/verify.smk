@@ -1,0 +1,19 @@
+# `snakemake verify`: recheck every artifact's hashes, lineage and the reference hashes.
+
+
+rule verify:
+    input:
+        config=CONFIG_JSON,
+        report=f"{R}/report/report.md",
+    output:
+        f"{R}/verify.txt",
+    log:
+        log_of("verify"),
+    benchmark:
+        bench_of("verify")
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    shell:
+        "plantbench verify -c {input.config} --out {output} > {log} 2>&1"
