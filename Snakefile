@@ -9,12 +9,17 @@ min_version("9.0")
 configfile: "config.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/ground_truth.smk"
 include: "workflow/rules/attribution.smk"
 include: "workflow/rules/analysis.smk"
+include: "workflow/rules/verify.smk"
+include: "workflow/rules/bench.smk"
 
 
 rule all:
@@ -22,3 +27,4 @@ rule all:
     input:
         f"{R}/causal/meta.json",
         f"{R}/report/report.md",
+        all_scores(),  # until the analysis rule consumes them

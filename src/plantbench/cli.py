@@ -99,12 +99,131 @@ def cmd_causal(args: argparse.Namespace) -> None:
     print(f"causal {meta['hash']} learned {meta['info']['learned_rate']:.3f}")
 
 
+def cmd_analysis(args: argparse.Namespace) -> None:
+    from . import analysis
+
+    cfg = _load_cfg(args)
+    meta = analysis.run(cfg, Paths(cfg))
+    print(f"analysis {meta['hash']} ({len(meta['info']['methods'])} methods)")
+
+
 def cmd_report(args: argparse.Namespace) -> None:
     from . import report
 
     cfg = _load_cfg(args)
     path = report.run(cfg, Paths(cfg))
     print(f"report -> {path}")
+
+
+def cmd_pool(args: argparse.Namespace) -> None:
+    from . import pool
+
+    cfg = _load_cfg(args)
+    meta = pool.build(cfg, Paths(cfg), args.model)
+    print(f"pool {args.model} {meta['hash']} ({meta['info']['n_pool']} windows)")
+
+
+def cmd_grads(args: argparse.Namespace) -> None:
+    from . import features
+
+    cfg = _load_cfg(args)
+    if args.queries == (args.shard is not None):
+        raise PlantbenchError("give exactly one of --shard K (pool windows) or --queries")
+    if args.queries:
+        meta = features.grads_queries(
+            cfg, Paths(cfg), args.model, args.checkpoint, threads=args.threads
+        )
+    else:
+        meta = features.grads_pool(
+            cfg, Paths(cfg), args.model, args.checkpoint, args.shard, threads=args.threads
+        )
+    print(f"grads {args.model} {args.checkpoint} {meta['rows']} rows {meta['xxh3']}")
+
+
+def cmd_curvature(args: argparse.Namespace) -> None:
+    from . import features
+
+    cfg = _load_cfg(args)
+    curv = features.curvature(cfg, Paths(cfg), args.model, args.checkpoint)
+    blocks = len(curv.eigvals)
+    print(f"curvature {args.model} {args.checkpoint} {curv.mode} ({blocks} blocks, {curv.n} rows)")
+
+
+def cmd_hidden(args: argparse.Namespace) -> None:
+    from . import features
+
+    cfg = _load_cfg(args)
+    meta = features.hidden(cfg, Paths(cfg), args.model, threads=args.threads)
+    print(f"hidden {args.model} {meta['hash']}")
+
+
+def cmd_embed(args: argparse.Namespace) -> None:
+    from . import features
+
+    cfg = _load_cfg(args)
+    meta = features.embed(cfg, Paths(cfg), args.model, threads=args.threads)
+    print(f"embed {args.model} {meta['hash']}")
+
+
+def cmd_methods(args: argparse.Namespace) -> None:
+    from .methods import registry
+
+    if args.configfile or Path("config.yaml").is_file():
+        registry.load_plugins(_load_cfg(args))
+    for name, desc in registry.describe():
+        print(f"{name:<18} {desc}")
+
+
+def cmd_score(args: argparse.Namespace) -> None:
+    from . import scoring
+
+    cfg = _load_cfg(args)
+    meta = scoring.run(cfg, Paths(cfg), args.method, args.model, threads=args.threads)
+    print(f"scores {args.method} {args.model} {meta['hash']}")
+
+
+def cmd_verify(args: argparse.Namespace) -> None:
+    from . import verify
+
+    cfg = _load_cfg(args)
+    paths = Paths(cfg)
+    if args.write_reference:
+        out = verify.write_reference(cfg, paths, args.write_reference)
+        print(f"reference -> {out}")
+        return
+    checks = verify.run(cfg, paths)
+    text = verify.format_checks(checks)
+    print(text)
+    failed = [c for c in checks if c.status == "FAIL"]
+    if args.out:
+        from . import io
+
+        io.write_text(args.out, text + "\n")
+    if failed:
+        raise PlantbenchError(f"verify: {len(failed)} check(s) failed; first: {failed[0].artifact}: {failed[0].detail}")
+    print(f"verify: all {sum(c.status == 'PASS' for c in checks)} checks passed")
+
+
+def cmd_plan(args: argparse.Namespace) -> None:
+    from . import plan
+
+    cfg = _load_cfg(args)
+    gpus = args.gpu or ["h100"]
+    unknown = [g for g in gpus if g not in plan.GPU_PEAK_BF16]
+    if unknown:
+        known = ", ".join(plan.GPU_PEAK_BF16)
+        raise PlantbenchError(f"--gpu {unknown[0]} is unknown; use one of: {known}")
+    print(plan.format_markdown(cfg, plan.plan(cfg), gpus, args.utilisation))
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    from . import bench
+
+    cfg = _load_cfg(args)
+    skip = tuple(args.skip or ())
+    path = bench.run(cfg, Paths(cfg), threads=args.threads, quick=args.quick, skip=skip)
+    print(bench.format_csv(path))
+    print(f"benchmarks -> {path}")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -123,8 +242,19 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "stream": (cmd_stream, "build both twins' token streams and manifests"),
     "batch": (cmd_batch, "print the windows of one optimizer step with their hashes"),
     "pretrain": (cmd_pretrain, "pretrain one twin (resumable)"),
+    "pool": (cmd_pool, "list the windows the methods rank (planted + distractor + random)"),
+    "grads": (cmd_grads, "projected per-example gradients: one pool shard or all queries"),
+    "curvature": (cmd_curvature, "fit the damped projected Fisher of one checkpoint"),
+    "hidden": (cmd_hidden, "final-checkpoint hidden states of pool windows and queries"),
+    "embed": (cmd_embed, "text-encoder embeddings of pool windows and queries"),
+    "methods": (cmd_methods, "list the registered attribution methods"),
+    "score": (cmd_score, "score every query against a model's pool with one method"),
     "causal": (cmd_causal, "measure each fact's causal effect, learned flag and difficulty"),
+    "analysis": (cmd_analysis, "grade every method: AP, Recall@10, within-cell correlations"),
+    "verify": (cmd_verify, "check every artifact's hashes, lineage, streams and reference hashes"),
     "report": (cmd_report, "write results/report/report.md and figures"),
+    "plan": (cmd_plan, "per stage: work, FLOPs, disk and GPU-hours on a named GPU"),
+    "bench": (cmd_bench, "measure training, featurization and scoring speed on this machine"),
 }
 
 
@@ -140,10 +270,26 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "config":
             p.add_argument("--json", help="the config as a JSON string (used by the Snakefile)")
             p.add_argument("--out", help="where to write the resolved config (default: <results>/config.json)")
-        if name in ("pretrain", "batch"):
+        if name in ("pretrain", "batch", "pool", "grads", "curvature", "hidden", "embed", "score"):
             p.add_argument("--model", required=True, choices=MODELS)
+        if name in ("grads", "curvature"):
+            p.add_argument("--checkpoint", required=True, help="checkpoint name, e.g. step_0001200")
+        if name == "grads":
+            p.add_argument("--shard", type=int, default=None, help="pool shard K")
+            p.add_argument("--queries", action="store_true", help="all queries, not a shard")
+        if name == "score":
+            p.add_argument("--method", required=True, help="see `plantbench methods`")
+        if name == "verify":
+            p.add_argument("--write-reference", metavar="NAME", help="write results/reference/NAME.json")
+            p.add_argument("--out", help="also write the check table to this file")
         if name == "batch":
             p.add_argument("--step", type=int, required=True)
+        if name == "plan":
+            p.add_argument("--gpu", action="append", help="h200 | h100 | a100 | a4500 (repeatable)")
+            p.add_argument("--utilisation", type=float, default=0.4, help="share of the bf16 peak")
+        if name == "bench":
+            p.add_argument("--quick", action="store_true", help="fewer repeats, smaller sizes")
+            p.add_argument("--skip", action="append", choices=["pretrain", "features", "scoring"])
     return parser
 
 
@@ -162,6 +308,14 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_PREEMPTED
     except PlantbenchError as exc:
         print(f"plantbench: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # disk full, permission denied, ...: no traceback, no partial file
+        where = f" '{exc.filename}'" if exc.filename else ""
+        print(
+            f"plantbench: error: {exc.strerror or exc}{where} while running '{args.command}'; "
+            "free disk space or fix permissions and rerun",
+            file=sys.stderr,
+        )
         return 2
     return 0
 

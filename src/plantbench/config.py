@@ -101,6 +101,12 @@ def _check_semantics(cfg: dict[str, Any]) -> None:
             f"config key 'train.batch_windows' = {t['batch_windows']} must be a multiple of "
             f"'train.micro_batch_windows' = {t['micro_batch_windows']}"
         )
+    if t["batch_windows"] % (t["devices"] * t["micro_batch_windows"]):
+        raise ConfigError(
+            f"config key 'train.batch_windows' = {t['batch_windows']} must be a multiple of "
+            f"'train.devices' x 'train.micro_batch_windows' = {t['devices']} x "
+            f"{t['micro_batch_windows']} (each process takes batch_windows / devices windows)"
+        )
     for pos in cfg["facts"]["positions"]:
         span = s["position_spans"].get(pos)
         if span is None:

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from .errors import ArtifactError
+
+if TYPE_CHECKING:  # transformers' Llama import costs seconds: only the functions that need it pay
+    from transformers import LlamaConfig, LlamaForCausalLM
 
 
 def llama_config(model_cfg: dict[str, Any], vocab_size: int, window: int, *, bos: int, eos: int,
                  pad: int, attn: str = "sdpa") -> LlamaConfig:
     """LlamaConfig from the ``model`` config section. ``attn``: 'sdpa' to train, 'eager' (math
     kernel) for per-example gradients."""
+    from transformers import LlamaConfig
+
     return LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=model_cfg["n_embd"],
@@ -34,6 +38,8 @@ def llama_config(model_cfg: dict[str, Any], vocab_size: int, window: int, *, bos
 
 def build_model(config: LlamaConfig, seed: int) -> LlamaForCausalLM:
     """A freshly initialised model; the same seed gives the same weights on any machine."""
+    from transformers import LlamaForCausalLM
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
@@ -43,6 +49,8 @@ def build_model(config: LlamaConfig, seed: int) -> LlamaForCausalLM:
 def load_model(path: str | Path, *, attn: str = "sdpa", dtype: torch.dtype = torch.float32
                ) -> LlamaForCausalLM:
     """Load a checkpoint folder saved with ``save_pretrained``."""
+    from transformers import LlamaForCausalLM
+
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ArtifactError(f"checkpoint '{path}' is missing or incomplete; rerun the pretrain step")

@@ -45,6 +45,34 @@ class Paths:
     def train_state(self, model: str) -> Path:
         return self.model(model) / "state"
 
+    # attribution: pool, features, scores
+    def pool(self, model: str) -> Path:
+        return self.root / "pool" / model
+
+    def features(self, model: str) -> Path:
+        return self.root / "features" / model
+
+    def grads(self, model: str, checkpoint: str) -> Path:
+        return self.features(model) / "grads" / checkpoint
+
+    def pool_shard(self, model: str, checkpoint: str, shard: int) -> Path:
+        return self.grads(model, checkpoint) / "pool" / f"shard_{int(shard):04d}"
+
+    def query_grads(self, model: str, checkpoint: str) -> Path:
+        return self.grads(model, checkpoint) / "queries"
+
+    def curvature(self, model: str, checkpoint: str) -> Path:
+        return self.features(model) / "curvature" / f"{checkpoint}.npz"
+
+    def hidden(self, model: str) -> Path:
+        return self.features(model) / "hidden"
+
+    def embed(self, model: str) -> Path:
+        return self.features(model) / "embed"
+
+    def scores(self, method: str, model: str) -> Path:
+        return self.root / "scores" / method / model
+
     @property
     def causal(self) -> Path:
         return self.root / "causal"

@@ -6,13 +6,32 @@
 - Both twins start from the same initial weights (seed ``derive_seed(seed, "init")``).
 - Resumable state (model, optimizer, scheduler, step, loss log, every RNG state) is saved
   atomically every ``train.state_every_steps`` steps and when SIGTERM / SIGUSR1 arrives (Slurm
-  sends one before a time limit or preemption; SIGURG too); the job then exits with code 75 so that it is
-  retried, and the retry resumes from the state. On the CPU the resumed run is bit-identical.
+  sends one before a time limit or preemption; SIGURG too); the job then exits with code 75 so
+  that it is retried, and the retry resumes from the state. On the CPU the resumed run is
+  bit-identical.
 - HF checkpoints (``save_pretrained``) every ``train.checkpoint_every_steps`` steps and at the end.
+
+Data-parallel training (several GPUs, or several CPU processes with gloo)
+-------------------------------------------------------------------------
+Launch one process per device with ``torchrun --standalone --nproc_per_node N -m plantbench.cli
+pretrain ...`` or ``accelerate launch --multi_gpu --num_processes N -m plantbench.cli pretrain
+...`` (both set ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``; the Snakemake rule uses torchrun when
+``train.devices`` > 1). The sequence of global batches does not depend on the world size ``P``:
+rank ``r`` of step ``b`` reads windows ``[b*B + r*B/P, b*B + (r+1)*B/P)`` in micro-batches of
+``train.micro_batch_windows`` (gradient accumulation), each micro-batch's mean loss weighted by
+``micro / (B/P)``; DDP averages the ranks' gradients, so the update uses the mean loss over the
+global batch of ``B`` windows (every window has the same number of targets) for any ``P``. The
+logged loss is the all-reduced sum of the ranks' shares. Rank 0 alone writes checkpoints, the
+resumable state and the meta; every rank resumes from the same state; a stop signal seen by any
+rank stops all of them after the same step. With one process the plain loop runs (no DDP, no
+collectives): the CPU path is bit-identical to a single-process run of earlier versions.
+``train.compile`` wraps the model in ``torch.compile`` (off by default; the CPU default study
+gains nothing from it); on CUDA AdamW is fused and attention uses SDPA (flash) kernels.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io as _io
 import json
@@ -22,6 +41,7 @@ import os
 import random
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +64,13 @@ __all__ = ["EXIT_PREEMPTED", "Preempted", "train"]
 # SIGTERM: scancel / preemption; SIGUSR1: `--signal=USR1@T`; SIGURG: `--signal=URG@T`, the one
 # the Slurm profile uses because the executor's job wrapper survives it (see profiles/slurm).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGURG)
+# train.* keys that say how to run, not what to compute: left out of the config hash
+EXECUTION_KEYS = ("threads", "devices", "compile")
+
 
 def train_config_hash(cfg: dict[str, Any]) -> str:
-    sub = {"seed": cfg["seed"], "model": cfg["model"], "train": {k: v for k, v in cfg["train"].items() if k != "threads"}}
+    train = {k: v for k, v in cfg["train"].items() if k not in EXECUTION_KEYS}
+    sub = {"seed": cfg["seed"], "model": cfg["model"], "train": train}
     return hash_bytes(canonical_json(sub).encode())
 
 
@@ -86,6 +110,68 @@ def _device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
+@dataclass(frozen=True)
+class DistInfo:
+    """This process's place in a data-parallel run (world 1: a plain single-process run)."""
+
+    rank: int
+    world: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> DistInfo:
+    """Join the process group set up by torchrun / ``accelerate launch`` (env ``WORLD_SIZE`` >
+    1): NCCL and one GPU per local rank on CUDA, gloo on the CPU. Otherwise a world of one."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo(0, 1, _device())
+    import torch.distributed as dist
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+        device, backend = torch.device("cuda", local), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), device)
+
+
+def _all_reduce(value: float, dev: DistInfo, op: str = "sum") -> float:
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64, device=dev.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _barrier(dev: DistInfo) -> None:
+    if dev.world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def _trace_windows(rank: int, step: int, first: int, batch: np.ndarray) -> None:
+    """Test hook: ``PLANTBENCH_TRACE_WINDOWS=<folder>`` appends, per rank and step, the window
+    indices this rank trained on and the xxh3 of each window's tokens (manifest hashes)."""
+    folder = os.environ.get("PLANTBENCH_TRACE_WINDOWS")
+    if not folder:
+        return
+    from .hashing import window_hashes
+
+    row = {"step": step, "windows": list(range(first, first + len(batch))),
+           "hashes": [int(h) for h in window_hashes(batch)]}  # fmt: skip
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    with open(Path(folder) / f"rank{rank}.jsonl", "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+
+
 def _autocast(precision: str, device: torch.device) -> Any:
     use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
     if use_bf16:
@@ -93,7 +179,9 @@ def _autocast(precision: str, device: torch.device) -> Any:
     return torch.autocast(device_type=device.type, enabled=False)
 
 
-def make_optimizer(model: torch.nn.Module, t: dict[str, Any], device: torch.device) -> torch.optim.AdamW:
+def make_optimizer(
+    model: torch.nn.Module, t: dict[str, Any], device: torch.device
+) -> torch.optim.AdamW:
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [
@@ -150,7 +238,8 @@ def load_state(path: Path) -> dict[str, Any] | None:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:
         raise ArtifactError(
-            f"resumable state '{path}' is unreadable ({type(exc).__name__}); delete it to restart training"
+            f"resumable state '{path}' is unreadable ({type(exc).__name__}); "
+            "delete it to restart training"
         ) from None
 
 
@@ -160,7 +249,12 @@ def _fault_injection(model_name: str, step: int) -> None:
     spec = os.environ.get("PLANTBENCH_FAULT", "")
     for item in filter(None, spec.split(",")):
         parts = item.split(":")
-        if len(parts) == 3 and parts[0] == "pretrain" and parts[1] in (model_name, "*") and int(parts[2]) == step:
+        if (
+            len(parts) == 3
+            and parts[0] == "pretrain"
+            and parts[1] in (model_name, "*")
+            and int(parts[2]) == step
+        ):
             marker = os.environ.get("PLANTBENCH_FAULT_ONCE")
             if marker:
                 m = Path(marker)
@@ -171,23 +265,43 @@ def _fault_injection(model_name: str, step: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def train(cfg: dict[str, Any], paths: Paths, model_name: str, *, threads: int | None = None) -> dict[str, Any]:
+def train(
+    cfg: dict[str, Any], paths: Paths, model_name: str, *, threads: int | None = None
+) -> dict[str, Any]:
     t = cfg["train"]
     torch.set_num_threads(int(threads or t["threads"]))
-    device = _device()
+    dev = init_distributed()
+    device = dev.device
     stream = open_stream(paths.stream(model_name))
     tok_meta = io.read_meta(paths.tokenizer, "tokenizer")
     io.check_input(stream.meta, "tokenizer", tok_meta, str(paths.stream(model_name)))
     info = stream.meta["info"]
-    if int(info["steps"]) != int(t["steps"]) or int(info["batch_windows"]) != int(t["batch_windows"]):
+    if int(info["steps"]) != int(t["steps"]) or int(info["batch_windows"]) != int(
+        t["batch_windows"]
+    ):
         raise ArtifactError(
-            f"stream '{stream.folder}' was built for {info['steps']} steps x {info['batch_windows']} windows "
+            f"stream '{stream.folder}' was built for {info['steps']} steps x "
+            f"{info['batch_windows']} windows "
             "but train.* asks otherwise; rerun the stream step"
         )
     W = int(info["window"])
-    conf = llama_config(cfg["model"], int(info["vocab_size"]), W, bos=tokenizer.BOS_ID,
-                        eos=tokenizer.EOS_ID, pad=tokenizer.PAD_ID, attn="sdpa")
+    conf = llama_config(
+        cfg["model"],
+        int(info["vocab_size"]),
+        W,
+        bos=tokenizer.BOS_ID,
+        eos=tokenizer.EOS_ID,
+        pad=tokenizer.PAD_ID,
+        attn="sdpa",
+    )
     model = build_model(conf, derive_seed(cfg["seed"], "init")).to(device)
+    B, micro = int(t["batch_windows"]), int(t["micro_batch_windows"])
+    if B % dev.world or (B // dev.world) % micro:
+        raise ArtifactError(
+            f"train.batch_windows = {B} must split evenly over {dev.world} processes into "
+            f"micro-batches of train.micro_batch_windows = {micro}; change the launch or the config"
+        )
+    B_local = B // dev.world
     opt = make_optimizer(model, t, device)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, t))
 
@@ -227,24 +341,55 @@ def train(cfg: dict[str, Any], paths: Paths, model_name: str, *, threads: int | 
     flag = _StopFlag()
     old = {s: signal.signal(s, flag) for s in STOP_SIGNALS}
     steps = int(t["steps"])
-    B, micro = int(t["batch_windows"]), int(t["micro_batch_windows"])
     ckpt_steps = checkpoint_steps(t)
     model.train()
+    # the module that runs forward/backward: the model itself in a single process; with P > 1
+    # DDP (gradient all-reduce = mean over ranks); optionally compiled
+    ddp: Any = None
+    net: Any = model
+    if dev.world > 1:
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+        net = ddp
+    if t.get("compile", False):
+        net = torch.compile(net)
+    first = dev.rank * B_local
+    if dev.world > 1:
+        log.info(
+            "%s: rank %d of %d on %s, windows [b*%d + %d, +%d) per step, %d micro-batches",
+            model_name,
+            dev.rank,
+            dev.world,
+            device,
+            B,
+            first,
+            B_local,
+            B_local // micro,
+        )
     t0, tok_seen = time.time(), 0
     try:
         for step in range(start, steps):
-            batch = torch.from_numpy(stream.batch(step).astype(np.int64)).to(device)
+            rows = stream.batch(step)[first : first + B_local]
+            _trace_windows(dev.rank, step, step * B + first, rows)
+            batch = torch.from_numpy(rows.astype(np.int64)).to(device)
             opt.zero_grad(set_to_none=True)
             total = 0.0
-            for m0 in range(0, B, micro):
+            for m0 in range(0, B_local, micro):
                 ids = batch[m0 : m0 + micro]
-                with _autocast(t["precision"], device):
-                    logits = model(input_ids=ids).logits
-                loss = torch.nn.functional.cross_entropy(
-                    logits[:, :-1].float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1)
-                )
-                (loss * (ids.size(0) / B)).backward()
+                sync = ddp is None or m0 + micro >= B_local  # all-reduce on the last micro-batch
+                with contextlib.nullcontext() if sync else ddp.no_sync():
+                    with _autocast(t["precision"], device):
+                        logits = net(input_ids=ids).logits
+                    loss = torch.nn.functional.cross_entropy(
+                        logits[:, :-1].float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1)
+                    )
+                    (loss * (ids.size(0) / B_local)).backward()
                 total += float(loss.detach()) * ids.size(0) / B
+            if dev.world > 1:
+                total = _all_reduce(total, dev)
+                if _all_reduce(float(flag.signal or 0), dev, "max") and flag.signal is None:
+                    flag.signal = -1  # another rank was signalled: stop after this step too
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), float(t["grad_clip"]))
             lr = opt.param_groups[0]["lr"]
             opt.step()
@@ -252,27 +397,52 @@ def train(cfg: dict[str, Any], paths: Paths, model_name: str, *, threads: int | 
             losses.append({"step": step, "lr": lr, "loss": total, "grad_norm": float(gnorm)})
             tok_seen += B * W
             done = step + 1
-            if done in ckpt_steps:
+            if done in ckpt_steps and dev.main:
                 with io.atomic_dir(ckpt_dir / checkpoint_name(done)) as tmp:
                     model.save_pretrained(tmp)
-            if done % int(t["state_every_steps"]) == 0 or done == steps or flag.signal is not None:
+            if dev.main and (
+                done % int(t["state_every_steps"]) == 0 or done == steps or flag.signal is not None
+            ):
                 save_state(state_path, snapshot(done))
             if flag.signal is not None and done < steps:
-                raise Preempted(f"stopped by signal {flag.signal} after step {done}; state saved to '{state_path}'")
+                _barrier(dev)  # the state is on disk before any rank exits
+                raise Preempted(
+                    f"stopped by signal {flag.signal} after step {done}; "
+                    f"state saved to '{state_path}'"
+                )
             if done % max(1, steps // 20) == 0 or done == steps:
                 rate = tok_seen / max(1e-9, time.time() - t0)
-                log.info("%s step %d/%d loss %.4f lr %.2e %.0f tok/s", model_name, done, steps, total, lr, rate)
+                log.info(
+                    "%s step %d/%d loss %.4f lr %.2e %.0f tok/s",
+                    model_name,
+                    done,
+                    steps,
+                    total,
+                    lr,
+                    rate,
+                )
             _fault_injection(model_name, done)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+    if not dev.main:
+        _barrier(dev)  # rank 0 writes the loss log and the meta
+        return io.read_meta(out, "pretrain", verify=False)
 
     # loss log and checkpoint index, then the artifact meta (written last)
     buf = _io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["step", "tokens", "lr", "loss", "grad_norm"])
     for r in losses:
-        w.writerow([r["step"], (r["step"] + 1) * B * W, repr(r["lr"]), repr(r["loss"]), repr(r["grad_norm"])])
+        w.writerow(
+            [
+                r["step"],
+                (r["step"] + 1) * B * W,
+                repr(r["lr"]),
+                repr(r["loss"]),
+                repr(r["grad_norm"]),
+            ]
+        )
     io.write_text(out / "loss.csv", buf.getvalue())
     index = [
         {
@@ -286,9 +456,16 @@ def train(cfg: dict[str, Any], paths: Paths, model_name: str, *, threads: int | 
     ]
     io.write_json(ckpt_dir / "index.json", index)
     files = ["loss.csv", "checkpoints/index.json"]
-    files += sorted(p.relative_to(out).as_posix() for p in ckpt_dir.rglob("*") if p.is_file() and p.name != "index.json")
+    # only the indexed checkpoints: a process killed inside atomic_dir (SIGKILL, OOM) leaves a
+    # hidden ``.step_*.tmp`` folder behind, which must not become part of the artifact
+    files += sorted(
+        p.relative_to(out).as_posix()
+        for c in index
+        for p in (ckpt_dir / c["name"]).rglob("*")
+        if p.is_file()
+    )
     tail = [r["loss"] for r in losses[-max(1, steps // 20) :]]
-    return io.write_meta(
+    meta = io.write_meta(
         out,
         "pretrain",
         files,
@@ -305,6 +482,8 @@ def train(cfg: dict[str, Any], paths: Paths, model_name: str, *, threads: int | 
             "final_checkpoint": index[-1]["name"],
         },
     )
+    _barrier(dev)
+    return meta
 
 
 def checkpoints(paths: Paths, model_name: str) -> list[dict[str, Any]]:

@@ -10,10 +10,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from . import io, metrics  # noqa: E402
-from .config import config_hash  # noqa: E402
+from .config import config_hash, study_hash  # noqa: E402
 from .paths import MODELS, Paths  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,8 @@ def learned_table(facts: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({"Documents per fact": [str(i) for i in rates.index]})
     for col in rates.columns:
         out[str(col).capitalize() if col != "All" else "All"] = [
-            f"{100 * r:.0f}% ({int(n)})" if n else "-" for r, n in zip(rates[col], counts[col], strict=True)
+            f"{100 * r:.0f}% ({int(n)})" if n else "-"
+            for r, n in zip(rates[col], counts[col], strict=True)
         ]
     return out
 
@@ -57,6 +59,315 @@ def loss_figure(paths: Paths, out: Path) -> dict[str, pd.DataFrame]:
     return curves
 
 
+# --------------------------------------------------------------------------------------------
+# The grading (reads results/analysis/*.csv written by `plantbench analysis`)
+# --------------------------------------------------------------------------------------------
+
+METHOD_LABELS = {
+    "bm25": "BM25 keyword search",
+    "embedding": "Embedding search",
+    "hidden": "Hidden-state similarity",
+    "grad_dot": "Gradient dot product",
+    "grad_cos": "Gradient cosine",
+    "tracin_dot": "TracIn, dot product",
+    "tracin_influence": "TracIn, influence",
+    "influence": "Influence functions",
+}
+FIGURES = ("learned_rate.png", "ap_by_n_docs.png", "mass_vs_effect.png")
+
+
+def method_label(name: str) -> str:
+    return METHOD_LABELS.get(name, f"{name} (plug-in)")
+
+
+def _save(fig: Any, out: Path) -> None:
+    fig.tight_layout()
+    with io.atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", metadata={"Software": None})
+    plt.close(fig)
+
+
+def _num(x: Any, fmt: str = "{:.3f}") -> str:
+    v = float(x)
+    return "n/a" if not np.isfinite(v) else fmt.format(v)
+
+
+def _signed(x: Any) -> str:
+    return _num(x, "{:+.2f}")
+
+
+def _pct(x: Any) -> str:
+    return _num(x, "{:.0%}")
+
+
+def _ci(row: Any, key: str) -> str:
+    return f"{_signed(row[key])} [{_signed(row[f'{key}_lo'])}, {_signed(row[f'{key}_hi'])}]"
+
+
+def read_analysis(paths: Paths) -> dict[str, pd.DataFrame]:
+    folder = paths.root / "analysis"
+    io.read_meta(folder, "analysis")
+    opts: dict[str, Any] = {"dtype": {"degenerate": str}, "keep_default_na": False, "na_values": []}
+    ret = pd.read_csv(folder / "retrieval.csv", **opts)
+    corr = pd.read_csv(folder / "correlations.csv", **opts)
+    for df in (ret, corr):
+        for c in df.columns:
+            if c not in ("method", "model", "degenerate"):
+                df[c] = pd.to_numeric(df[c].replace("", np.nan))
+    grid = pd.read_csv(folder / "learned_grid.csv", dtype={"n_docs": str, "position": str})
+    per_fact = io.read_parquet(folder / "per_fact.parquet")
+    return {"retrieval": ret, "correlations": corr, "learned_grid": grid, "per_fact": per_fact}
+
+
+def _deg_note(deg: str) -> str:
+    return f" ({deg} scores)" if deg else ""
+
+
+def retrieval_table(ret: pd.DataFrame) -> pd.DataFrame:
+    """The seed's retrieval table: AP per model, Recall@10 and AP at the smallest and largest
+    n_docs (both models pooled), methods by pooled AP, best first."""
+    levels = sorted(int(c[3:]) for c in ret.columns if c.startswith("ap_") and c[3:].isdigit())
+    lo, hi = levels[0], levels[-1]
+    pooled = ret[ret["model"] == "all"].set_index("method")
+    by_model = ret.set_index(["method", "model"])
+    order = pooled["ap"].fillna(-1.0).sort_values(ascending=False, kind="stable").index
+    rows = []
+    for m in order:
+        p = pooled.loc[m]
+        rows.append(
+            {
+                "Method": method_label(m) + _deg_note(p["degenerate"]),
+                "AP, model A": _num(by_model.loc[(m, "A"), "ap"]),
+                "AP, model B": _num(by_model.loc[(m, "B"), "ap"]),
+                "Recall@10": _pct(p["recall_at_10"]),
+                f"AP, {lo} documents": _num(p[f"ap_{lo}"], "{:.2f}"),
+                f"AP, {hi} documents": _num(p[f"ap_{hi}"], "{:.2f}"),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def correlation_table(corr: pd.DataFrame) -> pd.DataFrame:
+    """The seed's correlation table; a method with no gradable fact shows its degenerate flag."""
+    order = corr["controlled"].fillna(-9.0).sort_values(ascending=False, kind="stable").index
+    rows = []
+    for i in order:
+        r = corr.loc[i]
+        if int(r["n_facts"]) == 0:
+            flag = r["degenerate"] or "no facts"
+            cells = [flag] * 4
+        else:
+            cells = [_ci(r, "raw"), _signed(r["vs_length"]), _signed(r["vs_difficulty"])]
+            cells.append(_ci(r, "controlled"))
+        rows.append(
+            {
+                "Method": method_label(r["method"]) + _deg_note(r["degenerate"]),
+                "vs causal effect": cells[0],
+                "vs length": cells[1],
+                "vs difficulty": cells[2],
+                "vs causal effect, controlled": cells[3],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def current_loss_table(corr: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for _, r in corr.iterrows():
+        rows.append(
+            {
+                "Method": method_label(r["method"]) + _deg_note(r["degenerate"]),
+                "mass vs final loss (Pearson, all facts)": _signed(r["vs_final_loss"]),
+                "same, within-cell ranks": _signed(r["vs_final_loss_within"]),
+                "mean mass, learned": (
+                    f"{_num(r['mass_learned'], '{:+.2f}')} ({int(r['n_learned'])})"
+                ),
+                "mean mass, not learned": (
+                    f"{_num(r['mass_not_learned'], '{:+.2f}')} ({int(r['n_not_learned'])})"
+                ),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def learned_heatmap(grid: pd.DataFrame, out: Path) -> None:
+    rows = list(dict.fromkeys(grid["n_docs"]))
+    cols = list(dict.fromkeys(grid["position"]))
+    g = grid.set_index(["n_docs", "position"])
+    rate = np.array([[g.loc[(r, c), "rate"] for c in cols] for r in rows], dtype=float)
+    fig, ax = plt.subplots(figsize=(5.5, 4), dpi=110)
+    im = ax.imshow(np.ma.masked_invalid(rate), vmin=0.0, vmax=1.0, cmap="viridis")
+    for i, r in enumerate(rows):
+        for j, c in enumerate(cols):
+            n = int(g.loc[(r, c), "n_facts"])
+            text = f"{rate[i, j]:.0%}\n({n})" if n else "-"
+            colour = "white" if not np.isfinite(rate[i, j]) or rate[i, j] < 0.5 else "black"
+            ax.text(j, i, text, ha="center", va="center", fontsize=8, color=colour)
+    ax.set_xticks(range(len(cols)), [c.capitalize() if c != "All" else c for c in cols])
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_xlabel("position in training")
+    ax.set_ylabel("documents per fact")
+    ax.set_title("Learned rate (number of facts)")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    _save(fig, out)
+
+
+def ap_figure(ret: pd.DataFrame, out: Path) -> None:
+    levels = sorted(int(c[3:]) for c in ret.columns if c.startswith("ap_") and c[3:].isdigit())
+    pooled = ret[ret["model"] == "all"]
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    for _, r in pooled.iterrows():
+        ys = [float(r[f"ap_{d}"]) for d in levels]
+        ax.plot(levels, ys, marker="o", lw=1.2, label=method_label(r["method"]))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(d) for d in levels])
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("documents per fact")
+    ax.set_ylabel("average precision (both models)")
+    ax.set_title("Finding each fact's own documents")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    _save(fig, out)
+
+
+def mass_figure(per_fact: pd.DataFrame, corr: pd.DataFrame, out: Path) -> None:
+    methods = corr["method"].tolist()
+    ncol = min(4, max(1, len(methods)))
+    nrow = int(np.ceil(len(methods) / ncol)) if methods else 1
+    fig, axes = plt.subplots(
+        nrow, ncol, figsize=(3.0 * ncol, 2.8 * nrow), dpi=110, squeeze=False, sharex=True
+    )
+    c = corr.set_index("method")
+    for k, ax in enumerate(axes.ravel()):
+        if k >= len(methods):
+            ax.axis("off")
+            continue
+        m = methods[k]
+        sub = per_fact[(per_fact["method"] == m) & per_fact["rank_mass"].notna()]
+        if len(sub):
+            colours = np.where(sub["learned"].to_numpy(dtype=bool), "tab:orange", "tab:blue")
+            ax.scatter(sub["rank_effect"], sub["rank_mass"], s=8, c=colours, alpha=0.7, lw=0)
+            ax.set_title(
+                f"{method_label(m)}\nr={_signed(c.loc[m, 'raw'])}, "
+                f"controlled {_signed(c.loc[m, 'controlled'])}",
+                fontsize=8,
+            )
+        else:
+            flag = c.loc[m, "degenerate"] or "no facts"
+            ax.text(0.0, 0.0, flag, ha="center", va="center")
+            ax.set_title(method_label(m), fontsize=8)
+        ax.set_xlim(-0.55, 0.55)
+        ax.set_ylim(-0.55, 0.55)
+        ax.tick_params(labelsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("causal effect (within-cell rank)", fontsize=7)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("attributed mass (within-cell rank)", fontsize=7)
+    fig.suptitle("Attributed mass vs causal effect (orange: learned facts)", fontsize=9)
+    _save(fig, out)
+
+
+def _cell_sizes(per_fact: pd.DataFrame) -> str:
+    sizes = per_fact.groupby(["method", "domain", "n_docs", "position"]).size()
+    lo, hi = int(sizes.min()), int(sizes.max())
+    return f"{lo}" if lo == hi else f"{lo} to {hi}"
+
+
+def analysis_sections(paths: Paths, out_dir: Path | None = None) -> str:
+    """Markdown for the grading sections; with ``out_dir``, also write the figures there."""
+    a = read_analysis(paths)
+    ret, corr, grid, per_fact = a["retrieval"], a["correlations"], a["learned_grid"], a["per_fact"]
+    meta = io.read_meta(paths.root / "analysis", "analysis", verify=False)
+    info = meta["info"]
+    if out_dir is not None:
+        learned_heatmap(grid, out_dir / "learned_rate.png")
+        ap_figure(ret, out_dir / "ap_by_n_docs.png")
+        mass_figure(per_fact, corr, out_dir / "mass_vs_effect.png")
+    lines = [
+        "![learned rate](learned_rate.png)",
+        "",
+    ]
+    empty = info.get("cells_without_learned", [])
+    if empty:
+        n_cells = per_fact.groupby(["domain", "n_docs", "position"]).ngroups
+        lines += [
+            f"No fact was learned in {len(empty)} of the {n_cells} within-cell analysis cells "
+            f"(domain/documents/position): {', '.join(empty)}. Their facts still enter the "
+            "within-cell correlations (mass and effect are ranked within every cell); only the "
+            "learned-vs-not-learned comparison below has nothing from them on the learned side.",
+            "",
+        ]
+    lines += [
+        "## Finding the documents",
+        "",
+        "For every query (two forms per fact) on the model that read the fact, the average "
+        "precision of the fact's own planted windows in that model's pool ranking (ties count "
+        "against the method). Recall@10 = share of a fact's own windows in the top 10 (at most "
+        "10 / documents per fact). Data: `analysis/retrieval.csv`.",
+        "",
+        markdown_table(retrieval_table(ret)),
+        "",
+    ]
+    pooled = ret[ret["model"] == "all"].set_index("method")
+    if "bm25" in pooled.index:
+        ap = float(pooled.loc["bm25", "ap"])
+        verdict = (
+            "as expected: invented names appear only in their own fact's documents"
+            if ap >= 0.9
+            else "below the 0.9 expected for invented names: check the pool and the stream"
+        )
+        lines += [
+            f"Sanity check: BM25 keyword search finds each fact's documents with AP {ap:.3f} "
+            f"(seed: 0.995), {verdict}.",
+            "",
+        ]
+    else:
+        lines += ["Sanity check: BM25 was not graded in this run (not in `methods.enabled`).", ""]
+    lines += [
+        "![AP by method and documents per fact](ap_by_n_docs.png)",
+        "",
+        "## Did the documents that mattered get the mass?",
+        "",
+        "Attributed mass = mean standardized score (z over the pool for that query) of the fact's "
+        "own windows, averaged over the two forms. Every variable is ranked within the "
+        f"{per_fact.groupby(['domain', 'n_docs', 'position']).ngroups} cells domain x documents "
+        "x position (both models pooled); correlations are Pearson on those ranks; controlled = "
+        "partial correlation of mass and effect given answer length and difficulty. "
+        f"{100 * (1 - float(info['alpha'])):.0f}% intervals: {info['bootstrap']} bootstrap "
+        "resamples of facts within cells (seeded). Data: `analysis/correlations.csv`.",
+        "",
+        markdown_table(correlation_table(corr)),
+        "",
+        "n/a: undefined (the mass does not vary within cells, as for an oracle whose mass "
+        "depends only on the number of documents, or too few facts). Cells hold "
+        f"{_cell_sizes(per_fact)} facts.",
+        "",
+        "![mass vs effect](mass_vs_effect.png)",
+        "",
+        "## Current loss",
+        "",
+        "Does a method's mass track how badly the finished reading model still answers the fact "
+        "(its mean per-token loss on the answer) rather than what the documents did? The first "
+        "column is the plain Pearson correlation across all facts (the seed's +0.73 for "
+        "influence functions), the second the same on within-cell ranks. Mean mass is over "
+        "learned and not-learned facts (number of facts). Data: `analysis/correlations.csv`.",
+        "",
+        markdown_table(current_loss_table(corr)),
+        "",
+    ]
+    if not (corr["n_learned"] > 0).any():
+        lines += ["No fact was learned in this run, so there is no learned-facts mean.", ""]
+    degenerate = corr[corr["degenerate"] != ""]
+    for _, r in degenerate.iterrows():
+        lines += [
+            f"Note: {method_label(r['method'])} produced degenerate scores ({r['degenerate']}): "
+            "NaN scores rank last and ties count against the method in AP; such queries carry "
+            f"no attributed mass ({int(r['n_facts'])} of {int(r['n_facts_total'])} facts graded).",
+            "",
+        ]
+    return "\n".join(lines)
+
+
 def run(cfg: dict[str, Any], paths: Paths) -> Path:
     causal_meta = io.read_meta(paths.causal, "causal")
     model_metas = {m: io.read_meta(paths.model(m), "pretrain", verify=False) for m in MODELS}
@@ -66,16 +377,32 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
     out_dir = paths.report
     out_dir.mkdir(parents=True, exist_ok=True)
     loss_figure(paths, out_dir / "loss_curves.png")
+    analysis_dir = paths.root / "analysis"
+    if (analysis_dir / io.META).is_file():
+        analysis_meta = io.read_meta(analysis_dir, "analysis", verify=False)
+        io.check_input(analysis_meta, "causal", causal_meta, str(analysis_dir))
+        graded = analysis_sections(paths, out_dir)
+    else:
+        analysis_meta = None
+        graded = (
+            "The attribution methods have not been graded yet: run `plantbench analysis` "
+            "(or `snakemake`) and then this report again.\n"
+        )
 
     hashes = {
-        "config": config_hash(cfg),
+        "config (study)": study_hash(cfg),
         "facts": io.read_meta(paths.facts, "facts", verify=False)["hash"],
         "corpus": io.read_meta(paths.corpus, "corpus", verify=False)["hash"],
         "tokenizer": io.read_meta(paths.tokenizer, "tokenizer", verify=False)["hash"],
-        **{f"stream {m}": io.read_meta(paths.stream(m), "stream", verify=False)["hash"] for m in MODELS},
+        **{
+            f"stream {m}": io.read_meta(paths.stream(m), "stream", verify=False)["hash"]
+            for m in MODELS
+        },
         **{f"model {m}": model_metas[m]["hash"] for m in MODELS},
         "causal": causal_meta["hash"],
     }
+    if analysis_meta is not None:
+        hashes["analysis"] = analysis_meta["hash"]
     info = {m: model_metas[m]["info"] for m in MODELS}
     lines = [
         "# plantbench study report",
@@ -87,13 +414,15 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
         "",
         "A fact is learned when its causal effect is positive (the reading model gives the answer "
         "more log-probability than the model that never read it) and the reading model ranks the "
-        "true answer first among the candidates. Cells show the learned rate and (number of facts).",
+        "true answer first among the candidates. Cells show the learned rate and (number of "
+        "facts).",
         "",
         markdown_table(learned_table(facts)),
         "",
         f"Mean causal effect: {facts['effect'].mean():+.3f} nats; "
         f"facts with a positive effect: {100 * (facts['effect'] > 0).mean():.0f}%.",
         "",
+        graded,
         "## Pretraining",
         "",
         "![loss curves](loss_curves.png)",

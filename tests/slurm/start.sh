@@ -24,9 +24,10 @@
 #     binary exists -- and it always exists (package slurm-client).  With
 #     AccountingStorageType=accounting_storage/none, `sacct` exits 1 with
 #       "sacct: error: Slurm accounting storage is disabled"
-#     The plugin only logs that at debug level and treats every job as still
-#     running, so snakemake never finishes (jobs done in Slurm, snakemake
-#     idles forever -- the "silently loops" symptom).
+#     The plugin logs that only with --verbose ("could not check status of
+#     job <uuid>"), then drops the job and loops on "No active jobs; skipping
+#     status query." forever: the job is COMPLETED in Slurm, its output
+#     exists, snakemake never exits (tested; even SIGTERM needed SIGKILL).
 #   * Chosen approach: no slurmdbd/MariaDB.  MinJobAge=900 keeps finished jobs
 #     in slurmctld's memory for 15 minutes, and the test profile
 #     (profiles/slurm-cpu-test) sets `slurm-status-command: squeue`; the

@@ -1,7 +1,166 @@
 # Pool, features (gradients per checkpoint and shard, curvature, hidden states, embeddings)
-# and per-method scoring. (Filled in by the attribution work.)
+# and per-method scoring. all_scores(), the shard and checkpoint lists and the method -> feature
+# files map (method_inputs) are in attribution_common.smk.
+# GPU: grads_pool, grads_queries, hidden and embed want a GPU on a cluster (the requests live in
+# profiles/slurm under set-resources); pool, curvature and score are CPU-only.
 
 
-def all_scores():
-    """Every per-method, per-model score artifact the analysis grades."""
-    return []
+include: "attribution_common.smk"
+
+
+rule pool:
+    input:
+        config=CONFIG_JSON,
+        stream=f"{R}/stream/{{model}}/meta.json",
+    output:
+        meta=f"{R}/pool/{{model}}/meta.json",
+        table=f"{R}/pool/{{model}}/pool.parquet",
+    log:
+        log_of("pool_{model}"),
+    benchmark:
+        bench_of("pool_{model}")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        mem_mb=lambda wc, attempt: 2000 * attempt,
+        runtime=lambda wc, attempt: 10 * attempt,
+    shell:
+        "plantbench pool -c {input.config} --model {wildcards.model} 2> {log}"
+
+
+# GPU
+rule grads_pool:
+    input:
+        config=CONFIG_JSON,
+        pool=rules.pool.output.meta,
+        model=f"{R}/models/{{model}}/meta.json",
+    output:
+        f"{FEAT}/{{model}}/grads/{{checkpoint}}/pool/shard_{{shard}}/shard.json",
+    log:
+        log_of("grads_pool_{model}_{checkpoint}_{shard}"),
+    benchmark:
+        bench_of("grads_pool_{model}_{checkpoint}_{shard}")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        mem_mb=lambda wc, attempt: 3000 * attempt,
+        runtime=lambda wc, attempt: 60 * attempt,
+    shell:
+        "plantbench grads -c {input.config} --model {wildcards.model} "
+        "--checkpoint {wildcards.checkpoint} --shard {wildcards.shard} --threads {threads} 2> {log}"
+
+
+# GPU
+rule grads_queries:
+    input:
+        config=CONFIG_JSON,
+        facts=f"{R}/facts/meta.json",
+        model=f"{R}/models/{{model}}/meta.json",
+    output:
+        f"{FEAT}/{{model}}/grads/{{checkpoint}}/queries/shard.json",
+    log:
+        log_of("grads_queries_{model}_{checkpoint}"),
+    benchmark:
+        bench_of("grads_queries_{model}_{checkpoint}")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        mem_mb=lambda wc, attempt: 3000 * attempt,
+        runtime=lambda wc, attempt: 20 * attempt,
+    shell:
+        "plantbench grads -c {input.config} --model {wildcards.model} "
+        "--checkpoint {wildcards.checkpoint} --queries --threads {threads} 2> {log}"
+
+
+rule curvature:
+    input:
+        config=CONFIG_JSON,
+        shards=pool_shards,
+    output:
+        f"{FEAT}/{{model}}/curvature/{{checkpoint}}.npz",
+    log:
+        log_of("curvature_{model}_{checkpoint}"),
+    benchmark:
+        bench_of("curvature_{model}_{checkpoint}")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        mem_mb=lambda wc, attempt: 4000 * attempt,
+        runtime=lambda wc, attempt: 20 * attempt,
+    shell:
+        "plantbench curvature -c {input.config} --model {wildcards.model} "
+        "--checkpoint {wildcards.checkpoint} 2> {log}"
+
+
+# GPU
+rule hidden:
+    input:
+        config=CONFIG_JSON,
+        pool=rules.pool.output.meta,
+        facts=f"{R}/facts/meta.json",
+        tokenizer=rules.tokenizer.output.meta,
+        model=f"{R}/models/{{model}}/meta.json",
+    output:
+        f"{FEAT}/{{model}}/hidden/meta.json",
+    log:
+        log_of("hidden_{model}"),
+    benchmark:
+        bench_of("hidden_{model}")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        mem_mb=lambda wc, attempt: 4000 * attempt,
+        runtime=lambda wc, attempt: 30 * attempt,
+    shell:
+        "plantbench hidden -c {input.config} --model {wildcards.model} --threads {threads} 2> {log}"
+
+
+# GPU
+rule embed:
+    input:
+        config=CONFIG_JSON,
+        pool=rules.pool.output.meta,
+        facts=f"{R}/facts/meta.json",
+        tokenizer=rules.tokenizer.output.meta,
+    output:
+        f"{FEAT}/{{model}}/embed/meta.json",
+    log:
+        log_of("embed_{model}"),
+    benchmark:
+        bench_of("embed_{model}")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        mem_mb=lambda wc, attempt: 4000 * attempt,
+        runtime=lambda wc, attempt: 60 * attempt,
+    shell:
+        "plantbench embed -c {input.config} --model {wildcards.model} --threads {threads} 2> {log}"
+
+
+rule score:
+    input:
+        config=CONFIG_JSON,
+        pool=rules.pool.output.meta,
+        facts=f"{R}/facts/meta.json",
+        features=method_inputs,
+    output:
+        f"{R}/scores/{{method}}/{{model}}/meta.json",
+    log:
+        log_of("score_{method}_{model}"),
+    benchmark:
+        bench_of("score_{method}_{model}")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        mem_mb=lambda wc, attempt: 4000 * attempt,
+        runtime=lambda wc, attempt: 30 * attempt,
+    shell:
+        "plantbench score -c {input.config} --method {wildcards.method} "
+        "--model {wildcards.model} --threads {threads} 2> {log}"

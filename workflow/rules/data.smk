@@ -10,6 +10,8 @@ rule config:
         log_of("config"),
     benchmark:
         bench_of("config")
+    conda:
+        "../../envs/plantbench.yaml"
     threads: 1
     resources:
         mem_mb=500,
@@ -32,6 +34,8 @@ rule facts:
         log_of("facts"),
     benchmark:
         bench_of("facts")
+    conda:
+        "../../envs/plantbench.yaml"
     threads: 1
     resources:
         mem_mb=2000,
@@ -50,6 +54,8 @@ rule corpus:
         log_of("corpus"),
     benchmark:
         bench_of("corpus")
+    conda:
+        "../../envs/plantbench.yaml"
     threads: 1
     resources:
         mem_mb=4000,
@@ -68,6 +74,8 @@ rule tokenizer:
         log_of("tokenizer"),
     benchmark:
         bench_of("tokenizer")
+    conda:
+        "../../envs/plantbench.yaml"
     threads: 1
     resources:
         mem_mb=4000,
@@ -90,6 +98,8 @@ rule stream:
         log_of("stream"),
     benchmark:
         bench_of("stream")
+    conda:
+        "../../envs/plantbench.yaml"
     threads: 1
     resources:
         mem_mb=8000,

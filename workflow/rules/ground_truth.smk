@@ -14,6 +14,8 @@ rule causal:
         log_of("causal"),
     benchmark:
         bench_of("causal")
+    conda:
+        "../../envs/plantbench.yaml"
     threads: 2
     resources:
         mem_mb=4000,
@@ -27,13 +29,31 @@ rule report:
         config=CONFIG_JSON,
         causal=rules.causal.output.meta,
         models=expand("{R}/models/{model}/meta.json", R=R, model=MODELS),
+        analysis=f"{R}/analysis/meta.json",
     output:
         report=f"{R}/report/report.md",
         loss=report(f"{R}/report/loss_curves.png", category="Training"),
+        learned=report(
+            f"{R}/report/learned_rate.png",
+            caption="../report/learned_rate.rst",
+            category="Ground truth",
+        ),
+        ap=report(
+            f"{R}/report/ap_by_n_docs.png",
+            caption="../report/ap_by_n_docs.rst",
+            category="Analysis",
+        ),
+        mass=report(
+            f"{R}/report/mass_vs_effect.png",
+            caption="../report/mass_vs_effect.rst",
+            category="Analysis",
+        ),
     log:
         log_of("report"),
     benchmark:
         bench_of("report")
+    conda:
+        "../../envs/plantbench.yaml"
     threads: 1
     resources:
         mem_mb=2000,

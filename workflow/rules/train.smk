@@ -17,9 +17,20 @@ rule pretrain:
         log_of("pretrain_{model}"),
     benchmark:
         bench_of("pretrain_{model}")
+    conda:
+        "../../envs/plantbench.yaml"
+    params:
+        # train.devices > 1: one data-parallel process per GPU (torchrun picks a free port, so
+        # both twins' jobs can share a node; `accelerate launch --multi_gpu` works the same way).
+        # On Slurm also set `gpu: <devices>` under set-resources.pretrain in profiles/slurm.
+        launch=(
+            f"torchrun --standalone --nproc_per_node {config['train']['devices']} -m plantbench.cli"
+            if config["train"]["devices"] > 1
+            else "plantbench"
+        ),
     threads: config["train"]["threads"]
     resources:
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 60 * attempt,
     shell:
-        "plantbench pretrain -c {input.config} --model {wildcards.model} --threads {threads} 2> {log}"
+        "{params.launch} pretrain -c {input.config} --model {wildcards.model} --threads {threads} 2> {log}"

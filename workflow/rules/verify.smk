@@ -11,6 +11,8 @@ rule verify:
         log_of("verify"),
     benchmark:
         bench_of("verify")
+    conda:
+        "../../envs/plantbench.yaml"
     threads: 1
     resources:
         mem_mb=4000,

@@ -1,0 +1,517 @@
+"""``plantbench bench``: how fast every stage is against its physical limit, on this machine.
+
+Writes ``{results}/benchmarks/benchmarks.csv`` (one row per measurement: ``stage, what, value,
+unit, reference, ratio``; ``ratio = value / reference`` where a reference exists) and
+``{results}/benchmarks/train_profile.txt`` (the top operators of one training step). Nothing
+here is asserted: timings on a shared machine are noisy; each rate is the best (and the median)
+of several timed repeats.
+
+* ``peak``: the machine's measured fp32 matmul peak, ``2 n^3`` FLOPs of an ``n x n`` matmul, best
+  of ``repeats``, with the thread count the training benchmark uses.
+* ``pretrain``: the configured model shape (``model``, ``tokenizer.vocab_size``,
+  ``stream.window``), random tokens, the training step of :mod:`plantbench.pretrain` (micro-batches
+  of ``train.micro_batch_windows`` up to ``train.batch_windows``, cross-entropy, backward, clip,
+  AdamW). tokens/s and model FLOP utilisation = tokens/s x (6N + 12 L d T) / peak
+  (:meth:`plantbench.plan.Shape.train_flops_per_token`). The MFU row divides FLOP per
+  CPU-second of this process on both sides (process CPU time x threads), so that other
+  processes sharing the cores do not bias the ratio; wall-clock rates are reported too.
+* ``features``: :func:`plantbench.bench_gradients.run_benchmark` (LoGra vs per-example full
+  gradient + dense projection, same dims, same run).
+* ``scoring``: pairs/s of every enabled method on a finished study's features (model A, the
+  configured tiles), when ``{results}`` holds one; and the tile engine
+  (:func:`plantbench.scoring.score_tiled`, dot products of synthetic vectors read tile by tile from
+  disk) at two pool sizes, with the peak anonymous memory (the process's own allocations) and
+  the peak resident size including file-backed pages (the engine's on-disk scratch), each in a
+  fresh process.
+* ``study``: wall time of every rule of the study in ``{results}``, from the rules'
+  ``benchmark:`` files (column ``s``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io as _io
+import logging
+import multiprocessing as mp
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import io
+from .paths import MODELS, Paths
+
+log = logging.getLogger(__name__)
+
+COLUMNS = ["stage", "what", "value", "unit", "reference", "ratio"]
+CSV_NAME = "benchmarks.csv"
+PROFILE_NAME = "train_profile.txt"
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_mkldnn_matmul")
+
+
+def _row(
+    stage: str, what: str, value: float, unit: str, reference: float | None = None
+) -> dict[str, Any]:
+    ratio = None if reference in (None, 0) else float(value) / float(reference)  # type: ignore[arg-type]
+    return {
+        "stage": stage,
+        "what": what,
+        "value": float(value),
+        "unit": unit,
+        "reference": reference,
+        "ratio": ratio,
+    }
+
+
+# --------------------------------------------------------------------------- peak matmul
+
+
+def matmul_peak(threads: int, n: int = 2048, repeats: int = 7) -> tuple[float, float, float]:
+    """Best and median fp32 FLOP/s (wall clock) of an ``n x n`` matmul on ``threads`` threads,
+    and the best FLOP per CPU-second x threads (process CPU time: what the cores delivered while
+    this process ran on them, robust to other processes sharing the machine)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=g)
+    b = torch.randn(n, n, generator=g)
+    c = torch.empty(n, n)
+    torch.mm(a, b, out=c)
+    rates, cpu = [], []
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        torch.mm(a, b, out=c)
+        rates.append(2.0 * n**3 / (time.perf_counter() - t0))
+        cpu.append(2.0 * n**3 * threads / max(1e-9, time.process_time() - c0))
+    return max(rates), statistics.median(rates), max(cpu)
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _train_setup(cfg: dict[str, Any], threads: int) -> tuple[Any, Any, Any, int, int, int]:
+    import torch
+
+    from .modeling import build_model, llama_config
+    from .pretrain import make_optimizer
+
+    torch.set_num_threads(threads)
+    vocab, window = int(cfg["tokenizer"]["vocab_size"]), int(cfg["stream"]["window"])
+    conf = llama_config(cfg["model"], vocab, window, bos=0, eos=1, pad=2, attn="sdpa")
+    model = build_model(conf, 0)
+    opt = make_optimizer(model, cfg["train"], torch.device("cpu"))
+    model.train()
+    return model, opt, conf, vocab, window, int(cfg["train"]["batch_windows"])
+
+
+def _train_step(model: Any, opt: Any, batch: Any, micro: int, clip: float) -> float:
+    import torch
+
+    opt.zero_grad(set_to_none=True)
+    B = batch.size(0)
+    total = 0.0
+    for m0 in range(0, B, micro):
+        ids = batch[m0 : m0 + micro]
+        logits = model(input_ids=ids).logits
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1)
+        )
+        (loss * (ids.size(0) / B)).backward()
+        total += float(loss.detach())
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    opt.step()
+    return total
+
+
+def train_benchmark(
+    cfg: dict[str, Any],
+    threads: int,
+    steps: int = 6,
+    repeats: int = 3,
+    profile_path: Path | None = None,
+) -> dict[str, Any]:
+    """tokens/s of the training step (best and median over ``repeats`` timed runs of ``steps``)
+    and, optionally, a torch.profiler table of one step."""
+    import torch
+
+    model, opt, _, vocab, window, B = _train_setup(cfg, threads)
+    micro, clip = int(cfg["train"]["micro_batch_windows"]), float(cfg["train"]["grad_clip"])
+    g = torch.Generator().manual_seed(1)
+    batch = torch.randint(3, vocab, (B, window), generator=g)
+    for _ in range(2):  # warm-up: allocator, Adam states
+        _train_step(model, opt, batch, micro, clip)
+    rates, cpu = [], []
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            _train_step(model, opt, batch, micro, clip)
+        rates.append(steps * B * window / (time.perf_counter() - t0))
+        cpu.append(steps * B * window * threads / max(1e-9, time.process_time() - c0))
+    out: dict[str, Any] = {
+        "cpu": max(cpu),
+        "best": max(rates),
+        "median": statistics.median(rates),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+    if profile_path is not None:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            _train_step(model, opt, batch, micro, clip)
+        avg = prof.key_averages()
+        total = sum(e.self_cpu_time_total for e in avg)
+        mm = sum(e.self_cpu_time_total for e in avg if e.key in MATMUL_OPS)
+        out["matmul_share"] = mm / total if total else 0.0
+        table = avg.table(sort_by="self_cpu_time_total", row_limit=20)
+        io.write_text(
+            profile_path,
+            f"one training step, {threads} thread(s)\n"
+            f"matmul share of self CPU time: {out['matmul_share']:.1%}\n\n{table}\n",
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def _status_kb(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+class _PeakMem:
+    """Peak anonymous (RssAnon) and total resident (VmRSS) memory above the level at entry,
+    sampled every 2 ms."""
+
+    def __init__(self) -> None:
+        self.base_anon, self.base_rss = _status_kb("RssAnon"), _status_kb("VmRSS")
+        self.anon, self.rss = self.base_anon, self.base_rss
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        self.anon = max(self.anon, _status_kb("RssAnon"))
+        self.rss = max(self.rss, _status_kb("VmRSS"))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            time.sleep(0.002)
+
+    def __enter__(self) -> _PeakMem:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+        self._sample()
+
+    @property
+    def anon_mb(self) -> float:
+        return (self.anon - self.base_anon) / 1024
+
+    @property
+    def rss_mb(self) -> float:
+        return (self.rss - self.base_rss) / 1024
+
+
+def _tile_child(job: dict[str, Any]) -> dict[str, Any]:
+    """Score ``n_q`` synthetic query vectors against ``n_pool`` pool vectors stored on disk,
+    reading one pool tile at a time (as the gradient store is read)."""
+    from threadpoolctl import threadpool_limits
+
+    from .scoring import score_tiled
+
+    n_q, n_pool, dim = job["n_q"], job["n_pool"], job["dim"]
+    with tempfile.TemporaryDirectory(dir=job.get("tmp")) as tmp:
+        path = Path(tmp) / "pool.f32"
+        rng = np.random.default_rng(0)
+        with open(path, "wb") as fh:
+            for p0 in range(0, n_pool, 8192):
+                rng.standard_normal((min(8192, n_pool - p0), dim), dtype=np.float32).tofile(fh)
+        queries = rng.standard_normal((n_q, dim), dtype=np.float32)
+        row_bytes = dim * 4
+
+        def fn(q: np.ndarray, p: np.ndarray) -> np.ndarray:
+            block = np.fromfile(
+                path, dtype=np.float32, count=len(p) * dim, offset=int(p[0]) * row_bytes
+            ).reshape(len(p), dim)
+            return queries[q] @ block.T
+
+        own_q = np.arange(n_q, dtype=np.int64)
+        own_p = (own_q * 7919) % n_pool
+        with threadpool_limits(limits=job["threads"]), _PeakMem() as mem:
+            t0 = time.perf_counter()
+            score_tiled(
+                fn,
+                n_q,
+                n_pool,
+                query_block=job["query_block"],
+                pool_block=job["pool_block"],
+                top_k=job["top_k"],
+                own_query=own_q,
+                own_pool=own_p,
+                scratch_dir=tmp,
+            )
+            sec = time.perf_counter() - t0
+    return {"seconds": sec, "anon_mb": mem.anon_mb, "rss_mb": mem.rss_mb}
+
+
+def _method_child(job: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    from .methods import registry
+    from .methods.context import Context
+    from .scoring import own_pairs, score_tiled
+
+    torch.set_num_threads(job["threads"])
+    cfg = job["cfg"]
+    registry.load_plugins(cfg)
+    m = registry.get(job["method"])
+    ctx = Context(cfg, Paths(cfg), job["model"])
+    ctx.prepare(m.needs)
+    pairs = own_pairs(ctx.queries, ctx.pool)
+    sc = cfg["scoring"]
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        threadpool_limits(limits=job["threads"]),
+        _PeakMem() as mem,
+    ):
+        t0 = time.perf_counter()
+        score_tiled(
+            lambda q, p: m.score(ctx, q, p),
+            ctx.n_queries,
+            ctx.n_pool,
+            query_block=int(sc["query_block"]),
+            pool_block=int(sc["pool_block"]),
+            top_k=int(sc["top_k"]),
+            own_query=pairs["q"].to_numpy(),
+            own_pool=pairs["row"].to_numpy(),
+            scratch_dir=tmp,
+        )
+        sec = time.perf_counter() - t0
+    return {"seconds": sec, "pairs": ctx.n_queries * ctx.n_pool, "anon_mb": mem.anon_mb}
+
+
+def _spawn(fn: Any, job: dict[str, Any]) -> dict[str, Any]:
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, (job,))
+
+
+def _study_ready(cfg: dict[str, Any]) -> bool:
+    p = Paths(cfg)
+    return (p.pool(MODELS[0]) / "meta.json").is_file() and (p.causal / "meta.json").is_file()
+
+
+# --------------------------------------------------------------------------- study wall time
+
+
+def study_times(bench_dir: Path) -> list[dict[str, Any]]:
+    """Wall seconds of every rule's ``benchmark:`` file (``*.tsv``, column ``s``)."""
+    import pandas as pd
+
+    rows, total = [], 0.0
+    for f in sorted(bench_dir.glob("*.tsv")):
+        try:
+            s = float(pd.read_csv(f, sep="\t")["s"].sum())
+        except (KeyError, ValueError, pd.errors.ParserError):
+            log.warning("skipping %s: no 's' column", f)
+            continue
+        rows.append(_row("study", f.stem, s, "s"))
+        total += s
+    if rows:
+        rows.append(_row("study", f"sum over {len(rows)} rule jobs (serial time)", total, "s"))
+    return rows
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def run(
+    cfg: dict[str, Any],
+    paths: Paths,
+    *,
+    threads: int | None = None,
+    quick: bool = False,
+    skip: tuple[str, ...] = (),
+) -> Path:
+    """Measure everything, write ``benchmarks.csv`` (atomically); returns its path."""
+    thr = int(threads or cfg["train"]["threads"])
+    reps = 2 if quick else 5
+    rows: list[dict[str, Any]] = []
+    out_dir = paths.benchmarks
+
+    peak, peak_med, peak_cpu = matmul_peak(
+        thr, n=1024 if quick else 2048, repeats=3 if quick else 7
+    )
+    rows += [
+        _row("peak", f"fp32 matmul 2048^2, {thr} thread(s), best", peak, "FLOP/s"),
+        _row("peak", "fp32 matmul, median", peak_med, "FLOP/s", peak),
+        _row("peak", "fp32 matmul per CPU-second (process CPU time x threads)", peak_cpu, "FLOP/s"),
+    ]
+    log.info("matmul peak %.1f GFLOP/s", peak / 1e9)
+
+    if "pretrain" not in skip:
+        from .plan import shape_of
+
+        shape = shape_of(cfg)
+        fpt = shape.train_flops_per_token()
+        tr = train_benchmark(
+            cfg, thr, steps=2 if quick else 6, repeats=reps, profile_path=out_dir / PROFILE_NAME
+        )
+        desc = (
+            f"{shape.n_layer}L x {shape.width}, vocab {shape.vocab}, T={shape.window}, "
+            f"{tr['params'] / 1e6:.2f}M params, batch {cfg['train']['batch_windows']} "
+            f"(micro {cfg['train']['micro_batch_windows']}), {thr} thread(s)"
+        )
+        rows += [
+            _row("pretrain", f"tokens/s, best ({desc})", tr["best"], "tokens/s"),
+            _row("pretrain", "tokens/s, median", tr["median"], "tokens/s", tr["best"]),
+            _row("pretrain", "FLOPs/token = 6N + 12 L d T", fpt, "FLOP"),
+            _row(
+                "pretrain",
+                "MFU: model FLOP per CPU-second vs matmul FLOP per CPU-second",
+                tr["cpu"] * fpt,
+                "FLOP/s",
+                peak_cpu,
+            ),
+            _row(
+                "pretrain",
+                "model FLOP/s (best, wall clock) vs measured matmul peak",
+                tr["best"] * fpt,
+                "FLOP/s",
+                peak,
+            ),
+            _row(
+                "pretrain",
+                "model FLOP/s (median) vs measured matmul peak",
+                tr["median"] * fpt,
+                "FLOP/s",
+                peak,
+            ),
+            _row(
+                "pretrain", "matmul share of one step's CPU time (profile)", tr["matmul_share"], ""
+            ),
+        ]
+        log.info("training %.0f tokens/s, MFU %.1f%%", tr["best"], 100 * tr["cpu"] * fpt / peak_cpu)
+
+    if "features" not in skip:
+        from .bench_gradients import run_benchmark
+
+        f = cfg["features"]
+        grows = run_benchmark(
+            threads=thr,
+            windows=32 if quick else 64,
+            exact_windows=4 if quick else 8,
+            batch=int(f["batch_windows"]),
+            k_in=int(f["grad_k_in"]),
+            k_out=int(f["grad_k_out"]),
+            model=dict(cfg["model"]),
+            vocab=int(cfg["tokenizer"]["vocab_size"]),
+            window=int(cfg["stream"]["window"]),
+            repeats=2 if quick else 3,
+        )
+        ex = {r["what"].split(" (")[0]: r["value"] for r in grows if r["stage"] == "exact+dense"}
+        for r in grows:
+            stage = "features"
+            what = f"{r['stage']}: {r['what']}"
+            ref = None
+            if r["stage"] == "logra" and r["unit"] in ("windows/s", "tokens/s"):
+                ref = ex.get(r["what"].split(" (")[0])
+            elif r["stage"] == "logra" and r["unit"] == "MiB":
+                ref = ex.get("peak RSS increase")
+            rows.append(_row(stage, what, r["value"], r["unit"], ref))
+
+    if "scoring" not in skip:
+        sc = cfg["scoring"]
+        dim = (
+            int(cfg["features"]["grad_k_in"])
+            * int(cfg["features"]["grad_k_out"])
+            * 7
+            * int(cfg["model"]["n_layer"])
+        )
+        n_q = 2 * int(sc["query_block"])
+        sizes = (8192, 32768) if quick else (16384, 131072)
+        for n_pool in sizes:
+            job = {
+                "n_q": n_q,
+                "n_pool": n_pool,
+                "dim": dim,
+                "threads": thr,
+                "top_k": int(sc["top_k"]),
+                "query_block": int(sc["query_block"]),
+                "pool_block": int(sc["pool_block"]),
+            }
+            res = _spawn(_tile_child, job)
+            tag = f"tile engine, dot product D={dim}, {n_q} queries x {n_pool:,} windows"
+            rows += [
+                _row("scoring", f"{tag}: pairs/s", n_q * n_pool / res["seconds"], "pairs/s"),
+                _row("scoring", f"{tag}: peak anonymous memory", res["anon_mb"], "MiB"),
+                _row(
+                    "scoring",
+                    f"{tag}: peak resident incl. file-backed scratch",
+                    res["rss_mb"],
+                    "MiB",
+                ),
+            ]
+        if _study_ready(cfg):
+            from .methods import registry
+
+            registry.load_plugins(cfg)
+            for method in cfg["methods"]["enabled"] + [
+                p["name"] for p in cfg["methods"]["plugins"]
+            ]:
+                try:
+                    res = _spawn(
+                        _method_child,
+                        {"cfg": cfg, "method": method, "model": MODELS[0], "threads": thr},
+                    )
+                except Exception as exc:  # a missing feature of one method must not stop the rest
+                    log.warning("scoring benchmark of %s skipped: %s", method, exc)
+                    continue
+                rows += [
+                    _row(
+                        "scoring",
+                        f"{method} (model A, study features): pairs/s",
+                        res["pairs"] / res["seconds"],
+                        "pairs/s",
+                    ),
+                    _row("scoring", f"{method}: peak anonymous memory", res["anon_mb"], "MiB"),
+                ]
+        else:
+            log.info("no finished study under %s: per-method scoring rates skipped", paths.root)
+
+    rows += study_times(out_dir)
+    buf = _io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow(
+            {
+                k: ("" if r[k] is None else (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]))
+                for k in COLUMNS
+            }
+        )
+    path = out_dir / CSV_NAME
+    io.write_text(path, buf.getvalue())
+    return path
+
+
+def format_csv(path: Path) -> str:
+    lines = []
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            ratio = f"  (x{float(r['ratio']):.3g})" if r["ratio"] else ""
+            lines.append(
+                f"{r['stage']:<9} {r['what'][:86]:<86} {r['value']:>12} {r['unit']}{ratio}"
+            )
+    return "\n".join(lines)

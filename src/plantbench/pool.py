@@ -1,0 +1,136 @@
+"""The pool: per model, the training windows every attribution method ranks.
+
+A model's pool is every planted window it read (its own facts' documents), every distractor
+window (both models read them) and ``pool.random_windows`` background windows chosen with a
+seeded generator. Background windows are identical in both streams, and the random choice does
+not depend on the model, so both pools hold the same background windows.
+
+``{results}/pool/{model}/pool.parquet``, one row per pool window, sorted by window index:
+
+========  ======  ==================================================================
+row       int64   0..n-1, the pool row (feature stores and score matrices use this order)
+window    int64   the manifest index of the window in the model's stream
+kind      str     planted | distractor | background
+fact_id   str     the fact the document is about ("" for background)
+doc_id    str     the document ("" for background)
+hash      uint64  xxh3-64 of the window's tokens (as in the manifest)
+========  ======  ==================================================================
+
+The pool size is a pure function of the config (:func:`pool_size`), so the Snakefile can fix
+the number of feature shards before anything is built; :func:`build` checks that the realised
+pool has exactly that size.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import io
+from .config import config_hash
+from .errors import ArtifactError
+from .paths import MODELS, Paths
+from .rng import rng
+from .stream import n_windows, open_stream
+
+log = logging.getLogger(__name__)
+
+POOL_FILE = "pool.parquet"
+COLUMNS = ["row", "window", "kind", "fact_id", "doc_id", "hash"]
+
+
+def pool_counts(cfg: dict[str, Any]) -> dict[str, int]:
+    """Planted, distractor and random background windows of one model's pool (from the config
+    alone: each fact has its own entity, and both twins have the same grid)."""
+    f = cfg["facts"]
+    planted = (
+        len(f["domains"])
+        * len(f["positions"])
+        * int(f["facts_per_cell"])
+        * sum(int(x) for x in f["n_docs"])
+    )
+    n_facts = (
+        len(f["domains"])
+        * len(f["n_docs"])
+        * len(f["positions"])
+        * len(MODELS)
+        * int(f["facts_per_cell"])
+    )
+    distractor = n_facts * int(f["distractors_per_entity"])
+    background = n_windows(cfg) - planted - distractor  # A and B share planted slots
+    random = min(int(cfg["pool"]["random_windows"]), max(background, 0))
+    return {"planted": planted, "distractor": distractor, "background": random}
+
+
+def pool_size(cfg: dict[str, Any]) -> int:
+    """Number of windows in each model's pool (``pool.random_windows`` is capped at the number
+    of background windows in the stream)."""
+    return sum(pool_counts(cfg).values())
+
+
+def pool_config_hash(cfg: dict[str, Any]) -> str:
+    return config_hash(cfg, ["seed", "pool"])
+
+
+def build(cfg: dict[str, Any], paths: Paths, model: str) -> dict[str, Any]:
+    """Write ``{results}/pool/{model}/`` (pool.parquet + meta.json)."""
+    stream = open_stream(paths.stream(model), verify=False)
+    man = stream.manifest
+    docs = man[man["kind"].isin(["planted", "distractor"])]
+    background = man.loc[man["kind"] == "background", "index"].to_numpy(np.int64)
+    counts = pool_counts(cfg)
+    k = counts["background"]
+    chosen = np.sort(
+        rng(cfg["seed"], "pool", "random-background").choice(background, size=k, replace=False)
+    )
+    rows = pd.concat([docs, man[man["index"].isin(chosen)]]).sort_values("index")
+    table = pd.DataFrame(
+        {
+            "row": np.arange(len(rows), dtype=np.int64),
+            "window": rows["index"].to_numpy(np.int64),
+            "kind": rows["kind"].astype(str).to_numpy(),
+            "fact_id": rows["fact_id"].astype(str).to_numpy(),
+            "doc_id": rows["doc_id"].astype(str).to_numpy(),
+            "hash": rows["hash"].to_numpy(np.uint64),
+        }
+    )
+    have = table["kind"].value_counts().to_dict()
+    for kind in ("planted", "distractor"):
+        if int(have.get(kind, 0)) != counts[kind]:
+            raise ArtifactError(
+                f"stream '{paths.stream(model)}' has {have.get(kind, 0)} {kind} windows but the "
+                f"config implies {counts[kind]} (plantbench.pool.pool_size); rerun the facts "
+                "and stream steps"
+            )
+    out = paths.pool(model)
+    out.mkdir(parents=True, exist_ok=True)
+    io.write_parquet(out / POOL_FILE, table)
+    log.info("pool %s: %d windows (%s)", model, len(table), counts)
+    return io.write_meta(
+        out,
+        "pool",
+        [POOL_FILE],
+        config_hash=pool_config_hash(cfg),
+        inputs={"stream": stream.meta["hash"]},
+        info={"model": model, "n_pool": len(table), "counts": counts},
+    )
+
+
+def load(
+    paths: Paths, model: str, *, stream_hash: str | None = None
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The pool table and its meta; with ``stream_hash``, refuse a pool of another stream."""
+    meta = io.read_meta(paths.pool(model), "pool")
+    if stream_hash is not None:
+        io.check_input(meta, "stream", {"hash": stream_hash}, str(paths.pool(model)))
+    table = io.read_parquet(paths.pool(model) / POOL_FILE)
+    if list(table.columns) != COLUMNS or not np.array_equal(
+        table["row"].to_numpy(), np.arange(len(table))
+    ):
+        raise ArtifactError(
+            f"'{paths.pool(model) / POOL_FILE}' is not a pool table; rerun the pool step"
+        )
+    return table, meta

@@ -1,0 +1,35 @@
+# Helpers of workflow/rules/attribution.smk (functions live apart from rules: snakemake --lint).
+# Shard counts and checkpoint names are pure functions of the config
+# (plantbench.pool.pool_size, plantbench.features.tracin_checkpoints), so no checkpoint rule.
+import plantbench.features as _pbfeat
+import plantbench.methods.registry as _pbmethods
+
+FEAT = f"{R}/features"
+TRACIN = _pbfeat.tracin_checkpoints(config)
+N_SHARDS = _pbfeat.n_shards(config)
+SHARDS = [f"{k:04d}" for k in range(N_SHARDS)]
+METHODS = _pbmethods.enabled(config)
+
+
+wildcard_constraints:
+    model="A|B",
+    checkpoint="step_[0-9]+",
+    shard="[0-9]{4}",
+    method="[a-z][a-z0-9_]*",
+
+
+def all_scores():
+    """Every per-method, per-model score artifact the analysis grades."""
+    return expand(
+        "{R}/scores/{method}/{model}/meta.json", R=R, method=METHODS, model=MODELS
+    )
+
+
+def pool_shards(wildcards):
+    folder = f"{FEAT}/{wildcards.model}/grads/{wildcards.checkpoint}/pool"
+    return [f"{folder}/shard_{k}/shard.json" for k in SHARDS]
+
+
+def method_inputs(wildcards):
+    """The feature files a method reads (its registered `needs`)."""
+    return _pbmethods.required_files(config, wildcards.method, wildcards.model)

@@ -1,0 +1,23 @@
+# `snakemake bench` (not part of `all`): measured speed of training, featurization and scoring
+# on this machine against its measured matmul peak, plus the study's wall time per rule (from
+# the `benchmark:` files of the rules that ran). See src/plantbench/bench.py.
+
+
+rule bench:
+    input:
+        config=CONFIG_JSON,
+    output:
+        csv=f"{R}/benchmarks/benchmarks.csv",
+        profile=f"{R}/benchmarks/train_profile.txt",
+    log:
+        log_of("bench"),
+    benchmark:
+        bench_of("bench")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: config["train"]["threads"]
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    shell:
+        "plantbench bench -c {input.config} --threads {threads} > {log} 2>&1"

@@ -1,0 +1,214 @@
+"""One short GPU check: training and featurization speed of the paper model shape.
+
+On a CUDA machine (run from the repository root with the package installed)::
+
+    python workflow/scripts/gpu_check.py --out gpu_check.json          # ~3-5 minutes on an H100
+
+1. Measured bf16 matmul peak (8192^2, best of 10) next to the data-sheet peak of the GPU.
+2. Training: the paper shape (12 x 768, SwiGLU 2048, vocab 32,768, 1,024-token windows), random
+   tokens, bf16 autocast, fused AdamW, SDPA attention, ``torch.compile`` (``--no-compile`` to
+   skip), micro-batches of ``--micro`` windows; ``--steps`` optimizer steps of ``--accum``
+   micro-batches after ``--warmup`` steps. tokens/s and MFU = tokens/s x (6N + 12 L d T) / peak.
+3. Featurization: LoGra projected per-example gradients (:func:`plantbench.gradients.
+   projected_grads`, eager attention, bf16 weights, 84 modules x 13 x 14 = 15,288 dims) on
+   batches of ``--feat-batch`` windows: windows/s and tokens/s.
+
+Without CUDA it runs a tiny shape on the CPU in fp32 (a smoke test of the script itself; the
+numbers mean nothing). Prints one JSON object and writes it to ``--out`` if given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from plantbench.gradients import Projector, projected_grads
+from plantbench.modeling import build_model, llama_config
+from plantbench.plan import GPU_PEAK_BF16, Shape
+from plantbench.pretrain import make_optimizer
+
+PAPER = {
+    "n_layer": 12,
+    "n_embd": 768,
+    "n_head": 12,
+    "intermediate": 2048,
+    "tie_embeddings": True,
+    "rope_theta": 10000.0,
+}
+TINY = {
+    "n_layer": 2,
+    "n_embd": 64,
+    "n_head": 2,
+    "intermediate": 128,
+    "tie_embeddings": True,
+    "rope_theta": 10000.0,
+}
+TRAIN = {"lr": 6e-4, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def datasheet_peak(name: str) -> float | None:
+    low = name.lower()
+    for key, peak in GPU_PEAK_BF16.items():
+        if key in low.replace(" ", "").replace("rtx", ""):
+            return peak
+    return None
+
+
+def matmul_peak(device: torch.device, dtype: torch.dtype, n: int) -> float:
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    best = 0.0
+    for _ in range(10):
+        _sync(device)
+        t0 = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = max(best, 2 * n**3 / (time.perf_counter() - t0))
+    return best
+
+
+def train_speed(
+    model_cfg: dict[str, Any],
+    vocab: int,
+    T: int,
+    micro: int,
+    accum: int,
+    steps: int,
+    warmup: int,
+    device: torch.device,
+    compile_: bool,
+) -> float:
+    cuda = device.type == "cuda"
+    conf = llama_config(model_cfg, vocab, T, bos=0, eos=1, pad=2, attn="sdpa")
+    model = build_model(conf, 0).to(device)
+    model.train()
+    opt = make_optimizer(model, TRAIN, device)  # fused on CUDA
+    net = torch.compile(model) if compile_ else model
+    ids = torch.randint(3, vocab, (accum, micro, T), device=device)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        for i in range(accum):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+                logits = net(input_ids=ids[i]).logits
+            loss = torch.nn.functional.cross_entropy(
+                logits[:, :-1].float().reshape(-1, vocab), ids[i][:, 1:].reshape(-1)
+            )
+            (loss / accum).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _sync(device)
+    return steps * accum * micro * T / (time.perf_counter() - t0)
+
+
+def feat_speed(
+    model_cfg: dict[str, Any],
+    vocab: int,
+    T: int,
+    batch: int,
+    n_batches: int,
+    k: tuple[int, int],
+    device: torch.device,
+) -> float:
+    conf = llama_config(model_cfg, vocab, T, bos=0, eos=1, pad=2, attn="eager")
+    model = build_model(conf, 0).to(device)
+    if device.type == "cuda":
+        model = model.to(torch.bfloat16)
+    proj = Projector.from_model(model, seed=1, k_out=k[0], k_in=k[1])
+    ids = torch.randint(3, vocab, (batch, T), device=device)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    projected_grads(model, proj, ids, mask)  # warm-up (projection matrices)
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(n_batches):
+        g = projected_grads(model, proj, ids, mask)
+    _sync(device)
+    assert g.shape == (batch, proj.dims) and torch.isfinite(g).all()
+    return n_batches * batch * T / (time.perf_counter() - t0)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--micro", type=int, default=16)
+    ap.add_argument("--accum", type=int, default=2, help="micro-batches per optimizer step")
+    ap.add_argument("--feat-batch", type=int, default=16)
+    ap.add_argument("--feat-batches", type=int, default=8)
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        mcfg, vocab, T, k = PAPER, 32768, 1024, (13, 14)
+        name = torch.cuda.get_device_name()
+        measured = matmul_peak(device, torch.bfloat16, 8192)
+        sheet = datasheet_peak(name)
+        steps, warmup, micro, accum = a.steps, a.warmup, a.micro, a.accum
+        fb, fn = a.feat_batch, a.feat_batches
+    else:  # smoke test of the script: tiny shape, fp32, a few steps
+        mcfg, vocab, T, k = TINY, 512, 64, (4, 4)
+        name = "cpu (smoke test, tiny shape)"
+        measured = matmul_peak(device, torch.float32, 512)
+        sheet = None
+        steps, warmup, micro, accum, fb, fn = 3, 1, 4, 2, 4, 2
+    compile_ = cuda and not a.no_compile
+    shape = Shape(mcfg["n_layer"], mcfg["n_embd"], mcfg["intermediate"], vocab, T)
+    tps = train_speed(mcfg, vocab, T, micro, accum, steps, warmup, device, compile_)
+    fpt = shape.train_flops_per_token()
+    feat = feat_speed(mcfg, vocab, T, fb, fn, k, device)
+    peak = sheet or measured
+    res: dict[str, Any] = {
+        "device": name,
+        "torch": torch.__version__,
+        "shape": f"{mcfg['n_layer']}L x {mcfg['n_embd']}, vocab {vocab}, T={T}",
+        "params": shape.total_params(True),
+        "train": {
+            "steps": steps,
+            "micro": micro,
+            "accum": accum,
+            "compile": compile_,
+            "precision": "bf16 autocast" if cuda else "fp32",
+        },
+        "flops_per_token": fpt,
+        "train_tokens_per_s": tps,
+        "peak_datasheet_flops": sheet,
+        "peak_measured_flops": measured,
+        "mfu": tps * fpt / peak,
+        "mfu_vs_measured_matmul": tps * fpt / measured,
+        "feat_dims": 7 * mcfg["n_layer"] * k[0] * k[1],
+        "feat_tokens_per_s": feat,
+        "feat_windows_per_s": feat / T,
+    }
+    text = json.dumps(res, indent=2)
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+    return res
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
