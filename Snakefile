@@ -2,7 +2,6 @@
 # Each rule is one call of the `plantbench` CLI; the logic lives in src/plantbench/.
 from snakemake.utils import min_version
 
-
 min_version("9.0")
 
 

@@ -29,8 +29,15 @@ def smoke_stream(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("smoke_stream")
     cfg = config.load([ROOT / "config.yaml", SMOKE], {"results": str(root / "results")})
     cfg_path = root / "config.json"
-    assert main(["config", "-c", str(ROOT / "config.yaml"), "-c", str(SMOKE), "--out", str(cfg_path)]) == 0
-    cfg_path.write_text(cfg_path.read_text().replace('"results": "results/smoke"', f'"results": "{root / "results"}"'))
+    assert (
+        main(["config", "-c", str(ROOT / "config.yaml"), "-c", str(SMOKE), "--out", str(cfg_path)])
+        == 0
+    )
+    cfg_path.write_text(
+        cfg_path.read_text().replace(
+            '"results": "results/smoke"', f'"results": "{root / "results"}"'
+        )
+    )
     for step in ("facts", "corpus", "tokenizer", "stream"):
         assert main([step, "-c", str(cfg_path)]) == 0, step
     return {"cfg": cfg, "config": cfg_path, "root": root}

@@ -37,7 +37,9 @@ def one_error_line(err: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize(("case", "yaml_text", "expect"), CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
+@pytest.mark.parametrize(
+    ("case", "yaml_text", "expect"), CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES]
+)
 def test_config_cases(tmp_path, capsys, case, yaml_text, expect):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml_text)
@@ -54,8 +56,13 @@ def test_missing_config_file(tmp_path, capsys):
 
 def _corpus_source(tmp_path: Path, make: Callable[[Path], Path]) -> Path:
     src = make(tmp_path)
-    cfg = config.load([DEFAULT], {"results": str(tmp_path / "results"),
-                                  "corpus": {"sources": [{"kind": "text", "path": str(src)}]}})
+    cfg = config.load(
+        [DEFAULT],
+        {
+            "results": str(tmp_path / "results"),
+            "corpus": {"sources": [{"kind": "text", "path": str(src)}]},
+        },
+    )
     p = tmp_path / "cfg.json"
     p.write_text(json.dumps(cfg))
     return p
@@ -63,10 +70,23 @@ def _corpus_source(tmp_path: Path, make: Callable[[Path], Path]) -> Path:
 
 CORPUS_CASES = [
     ("missing-path", lambda d: d / "absent.txt", "absent.txt"),
-    ("empty-file", lambda d: (d / "empty.txt").write_text("") and d / "empty.txt" or d / "empty.txt", "empty.txt"),
-    ("binary-file", lambda d: (d / "blob.txt").write_bytes(b"\x00\x01\x02" * 500) and d / "blob.txt", "blob.txt"),
-    ("non-utf8", lambda d: (d / "latin.txt").write_bytes(("caf\xe9 " * 300).encode("latin-1")) and d / "latin.txt",
-     "latin.txt"),
+    (
+        "empty-file",
+        lambda d: (d / "empty.txt").write_text("") and d / "empty.txt" or d / "empty.txt",
+        "empty.txt",
+    ),
+    (
+        "binary-file",
+        lambda d: (d / "blob.txt").write_bytes(b"\x00\x01\x02" * 500) and d / "blob.txt",
+        "blob.txt",
+    ),
+    (
+        "non-utf8",
+        lambda d: (
+            (d / "latin.txt").write_bytes(("caf\xe9 " * 300).encode("latin-1")) and d / "latin.txt"
+        ),
+        "latin.txt",
+    ),
 ]
 
 
@@ -75,7 +95,9 @@ def test_corpus_cases(tmp_path, capsys, case, make, expect):
     cfg_path = _corpus_source(tmp_path, make)
     assert main(["corpus", "-c", str(cfg_path)]) == 2
     assert expect in one_error_line(capsys.readouterr().err)
-    assert not (tmp_path / "results" / "corpus").exists() or not any((tmp_path / "results" / "corpus").iterdir())
+    assert not (tmp_path / "results" / "corpus").exists() or not any(
+        (tmp_path / "results" / "corpus").iterdir()
+    )
 
 
 @pytest.fixture

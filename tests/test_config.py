@@ -34,7 +34,7 @@ def test_deep_merge_keeps_siblings():
         ({"bogus": 1}, "unknown config key 'bogus'"),
         ({"train": {"lrr": 1.0}}, "unknown config key 'train.lrr'"),
         ({"facts": {"domains": ["world", "mars"]}}, "facts.domains.1"),
-        ({"train": {"precision": "fp8"}}, "use one of: \"auto\", \"fp32\", \"bf16\""),
+        ({"train": {"precision": "fp8"}}, 'use one of: "auto", "fp32", "bf16"'),
         ({"train": {"steps": -5}}, "'train.steps' = -5 is out of range"),
         ({"stream": {"window": "long"}}, "'stream.window' = \"long\" has the wrong type"),
         ({"model": {"n_embd": 130, "n_head": 4}}, "divisible"),
@@ -47,7 +47,11 @@ def test_deep_merge_keeps_siblings():
                 "facts": {"distractors_per_entity": 4},
                 "train": {"steps": 300},
                 "stream": {
-                    "position_spans": {"early": [0, 0.33], "middle": [0.33, 0.66], "late": [0.66, 1]}
+                    "position_spans": {
+                        "early": [0, 0.33],
+                        "middle": [0.33, 0.66],
+                        "late": [0.66, 1],
+                    }
                 },
             },
             "distractor windows exceed",

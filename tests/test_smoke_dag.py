@@ -22,11 +22,17 @@ ROOT = Path(__file__).resolve().parents[1]
 def snakemake(results: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     cmd = [
-        "timeout", "-k", "10", "1200",
+        "timeout",
+        "-k",
+        "10",
+        "1200",
         str(Path(sys.executable).parent / "snakemake"),
-        "--profile", "profiles/local",
-        "--configfile", "tests/smoke/config.yaml",
-        "--config", f"results={results}",
+        "--profile",
+        "profiles/local",
+        "--configfile",
+        "tests/smoke/config.yaml",
+        "--config",
+        f"results={results}",
         *extra,
     ]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)

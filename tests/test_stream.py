@@ -80,7 +80,9 @@ def test_batch_viewer_prints_hashes(smoke_stream, capsys):
     B = s.batch_windows
     for h in s.manifest["hash"].iloc[2 * B : 3 * B]:
         assert f"{int(h):016x}" in out
-    assert main(["batch", "-c", str(smoke_stream["config"]), "--model", "A", "--step", "99999"]) == 2
+    assert (
+        main(["batch", "-c", str(smoke_stream["config"]), "--model", "A", "--step", "99999"]) == 2
+    )
 
 
 def test_window_shorter_than_document_fails_before_writing(smoke_stream, tmp_path):

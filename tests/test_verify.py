@@ -76,5 +76,7 @@ def test_committed_smoke_reference_matches(smoke_stream):
     found = verify.find_reference(cfg, verify.REFERENCE_DIR)
     if found is None:
         pytest.skip("no committed reference for the smoke config")
-    checks = verify.check_reference(cfg, verify.check_files(Paths(cfg).root)[1], verify.REFERENCE_DIR)
+    checks = verify.check_reference(
+        cfg, verify.check_files(Paths(cfg).root)[1], verify.REFERENCE_DIR
+    )
     assert not [c for c in checks if c.status == "FAIL"], checks

@@ -17,21 +17,34 @@ import logging
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import torch
 
 from . import io, queries, tokenizer
+from .config import config_hash
 from .modeling import load_model
 from .paths import MODELS, Paths
 from .pretrain import final_checkpoint
-from .config import config_hash
 
 log = logging.getLogger(__name__)
 
 FACT_COLUMNS = [
-    "fact_id", "domain", "entity_type", "relation", "n_docs", "position", "reader", "cell",
-    "answer", "answer_tokens", "logp_reader", "logp_other", "effect", "rank", "learned",
-    "difficulty", "final_loss",
+    "fact_id",
+    "domain",
+    "entity_type",
+    "relation",
+    "n_docs",
+    "position",
+    "reader",
+    "cell",
+    "answer",
+    "answer_tokens",
+    "logp_reader",
+    "logp_other",
+    "effect",
+    "rank",
+    "learned",
+    "difficulty",
+    "final_loss",
 ]
 
 
@@ -49,7 +62,9 @@ def run(cfg: dict[str, Any], paths: Paths, *, threads: int = 1) -> dict[str, Any
     q_items = queries.encode(tok, qs["prompt"].tolist(), qs["answer"].tolist())
     # candidates under both forms: every (candidate, form) pair
     forms = qs[["fact_id", "form", "prompt"]]
-    cq = cands.merge(forms, on="fact_id", how="inner").sort_values(["fact_id", "form", "candidate_index"])
+    cq = cands.merge(forms, on="fact_id", how="inner").sort_values(
+        ["fact_id", "form", "candidate_index"]
+    )
     c_items = queries.encode(tok, cq["prompt"].tolist(), cq["candidate"].tolist())
 
     q_logp: dict[str, np.ndarray] = {}
@@ -58,7 +73,12 @@ def run(cfg: dict[str, Any], paths: Paths, *, threads: int = 1) -> dict[str, Any
         model = load_model(final_checkpoint(paths, m), attn="sdpa")
         q_logp[m], n_ans = queries.answer_logprobs(model, q_items, bs)
         c_logp[m], _ = queries.answer_logprobs(model, c_items, bs)
-        log.info("causal: scored %d queries and %d candidate pairs under model %s", len(q_items), len(c_items), m)
+        log.info(
+            "causal: scored %d queries and %d candidate pairs under model %s",
+            len(q_items),
+            len(c_items),
+            m,
+        )
 
     qdf = qs[["query_id", "fact_id", "form"]].copy()
     qdf["answer_tokens"] = n_ans
@@ -73,11 +93,15 @@ def run(cfg: dict[str, Any], paths: Paths, *, threads: int = 1) -> dict[str, Any
     cq = cq.copy()
     for m in MODELS:
         cq[f"logp_{m}"] = c_logp[m]
-    cand_score = cq.groupby(["fact_id", "candidate_index"], sort=True)[["logp_A", "logp_B", "is_true"]].agg(
-        {"logp_A": "mean", "logp_B": "mean", "is_true": "first"}
-    ).reset_index()
+    cand_score = (
+        cq.groupby(["fact_id", "candidate_index"], sort=True)[["logp_A", "logp_B", "is_true"]]
+        .agg({"logp_A": "mean", "logp_B": "mean", "is_true": "first"})
+        .reset_index()
+    )
     cand_score["reader"] = f.loc[cand_score["fact_id"], "reader"].to_numpy()
-    cand_score["score"] = np.where(cand_score["reader"] == "A", cand_score["logp_A"], cand_score["logp_B"])
+    cand_score["score"] = np.where(
+        cand_score["reader"] == "A", cand_score["logp_A"], cand_score["logp_B"]
+    )
     ranks = {}
     for fid, g in cand_score.groupby("fact_id", sort=True):
         true_score = float(g.loc[g["is_true"], "score"].iloc[0])
@@ -99,7 +123,9 @@ def run(cfg: dict[str, Any], paths: Paths, *, threads: int = 1) -> dict[str, Any
 
     paths.causal.mkdir(parents=True, exist_ok=True)
     io.write_parquet(paths.causal / "facts.parquet", out)
-    io.write_parquet(paths.causal / "queries.parquet", qdf.sort_values("query_id").reset_index(drop=True))
+    io.write_parquet(
+        paths.causal / "queries.parquet", qdf.sort_values("query_id").reset_index(drop=True)
+    )
     rate = float(out["learned"].mean())
     log.info("causal: %d facts, learned %.1f%%", len(out), 100 * rate)
     return io.write_meta(
@@ -107,7 +133,10 @@ def run(cfg: dict[str, Any], paths: Paths, *, threads: int = 1) -> dict[str, Any
         "causal",
         ["facts.parquet", "queries.parquet"],
         config_hash=config_hash(cfg, ["seed", "facts", "model", "train", "causal"]),
-        inputs={"facts": facts_meta["hash"], "tokenizer": tok_meta["hash"],
-                **{f"model_{m}": model_metas[m]["hash"] for m in MODELS}},
+        inputs={
+            "facts": facts_meta["hash"],
+            "tokenizer": tok_meta["hash"],
+            **{f"model_{m}": model_metas[m]["hash"] for m in MODELS},
+        },
         info={"n_facts": len(out), "learned_rate": rate},
     )

@@ -200,7 +200,9 @@ def cmd_verify(args: argparse.Namespace) -> None:
 
         io.write_text(args.out, text + "\n")
     if failed:
-        raise PlantbenchError(f"verify: {len(failed)} check(s) failed; first: {failed[0].artifact}: {failed[0].detail}")
+        raise PlantbenchError(
+            f"verify: {len(failed)} check(s) failed; first: {failed[0].artifact}: {failed[0].detail}"
+        )
     print(f"verify: all {sum(c.status == 'PASS' for c in checks)} checks passed")
 
 
@@ -228,7 +230,9 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "-c", "--configfile", action="append",
+        "-c",
+        "--configfile",
+        action="append",
         help="config file(s), later ones merged over earlier (default: config.yaml)",
     )
     p.add_argument("--threads", type=int, default=None, help="CPU threads for this step")
@@ -269,7 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=fn)
         if name == "config":
             p.add_argument("--json", help="the config as a JSON string (used by the Snakefile)")
-            p.add_argument("--out", help="where to write the resolved config (default: <results>/config.json)")
+            p.add_argument(
+                "--out", help="where to write the resolved config (default: <results>/config.json)"
+            )
         if name in ("pretrain", "batch", "pool", "grads", "curvature", "hidden", "embed", "score"):
             p.add_argument("--model", required=True, choices=MODELS)
         if name in ("grads", "curvature"):
@@ -280,7 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "score":
             p.add_argument("--method", required=True, help="see `plantbench methods`")
         if name == "verify":
-            p.add_argument("--write-reference", metavar="NAME", help="write results/reference/NAME.json")
+            p.add_argument(
+                "--write-reference", metavar="NAME", help="write results/reference/NAME.json"
+            )
             p.add_argument("--out", help="also write the check table to this file")
         if name == "batch":
             p.add_argument("--step", type=int, required=True)

@@ -55,11 +55,15 @@ def describe_error(err: jsonschema.ValidationError) -> str:
         allowed = sorted(err.schema.get("properties", {}))
         extra = sorted(set(err.instance) - set(allowed)) if isinstance(err.instance, dict) else []
         where = key if key != "(top level)" else "config"
-        name = f"{where}.{extra[0]}" if where != "config" and extra else (extra[0] if extra else where)
+        name = (
+            f"{where}.{extra[0]}" if where != "config" and extra else (extra[0] if extra else where)
+        )
         return f"unknown config key '{name}'; allowed keys here: {', '.join(allowed)}"
     if v == "enum":
         allowed = ", ".join(json.dumps(x) for x in err.validator_value)
-        return f"config key '{key}' = {json.dumps(err.instance)} is not allowed; use one of: {allowed}"
+        return (
+            f"config key '{key}' = {json.dumps(err.instance)} is not allowed; use one of: {allowed}"
+        )
     if v == "required":
         return f"config is missing a required key: {err.message}" + (
             f" (under '{key}')" if key != "(top level)" else ""
@@ -95,7 +99,9 @@ def _check_semantics(cfg: dict[str, Any]) -> None:
             f"'model.n_head' = {m['n_head']}; change one of them"
         )
     if (m["n_embd"] // m["n_head"]) % 2:
-        raise ConfigError("config key 'model.n_embd' / 'model.n_head' must be even (rotary embeddings)")
+        raise ConfigError(
+            "config key 'model.n_embd' / 'model.n_head' must be even (rotary embeddings)"
+        )
     if t["batch_windows"] % t["micro_batch_windows"]:
         raise ConfigError(
             f"config key 'train.batch_windows' = {t['batch_windows']} must be a multiple of "
@@ -110,7 +116,9 @@ def _check_semantics(cfg: dict[str, Any]) -> None:
     for pos in cfg["facts"]["positions"]:
         span = s["position_spans"].get(pos)
         if span is None:
-            raise ConfigError(f"config key 'stream.position_spans.{pos}' is missing; give [start, end] fractions")
+            raise ConfigError(
+                f"config key 'stream.position_spans.{pos}' is missing; give [start, end] fractions"
+            )
         if not span[0] < span[1]:
             raise ConfigError(
                 f"config key 'stream.position_spans.{pos}' = {span} must have start < end (fractions of the stream)"
@@ -141,7 +149,9 @@ def _check_grid_fits(cfg: dict[str, Any]) -> None:
                 f"windows but its span has {span} of the {n} (train.steps x train.batch_windows); "
                 "raise train.steps or lower facts.n_docs / facts.facts_per_cell"
             )
-    n_facts = len(f["domains"]) * len(f["n_docs"]) * len(f["positions"]) * 2 * int(f["facts_per_cell"])
+    n_facts = (
+        len(f["domains"]) * len(f["n_docs"]) * len(f["positions"]) * 2 * int(f["facts_per_cell"])
+    )
     planted = per_position * len(f["positions"])
     if planted + n_facts * int(f["distractors_per_entity"]) > n:
         raise ConfigError(
@@ -161,9 +171,13 @@ def load(paths: list[str | Path], overrides: Mapping[str, Any] | None = None) ->
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file '{path}' is not valid YAML: {exc}".splitlines()[0]) from None
+            raise ConfigError(
+                f"config file '{path}' is not valid YAML: {exc}".splitlines()[0]
+            ) from None
         if not isinstance(data, dict):
-            raise ConfigError(f"config file '{path}' must hold a mapping of keys, not {type(data).__name__}")
+            raise ConfigError(
+                f"config file '{path}' must hold a mapping of keys, not {type(data).__name__}"
+            )
         cfg = deep_merge(cfg, data)
     if overrides:
         cfg = deep_merge(cfg, overrides)

@@ -120,7 +120,9 @@ def read_parquet(path: str | Path) -> pd.DataFrame:
     try:
         return pq.read_table(path).to_pandas()
     except Exception as exc:  # pyarrow raises many types for a corrupt file
-        raise ArtifactError(f"cannot read '{path}' ({type(exc).__name__}); delete it and rerun its step") from None
+        raise ArtifactError(
+            f"cannot read '{path}' ({type(exc).__name__}); delete it and rerun its step"
+        ) from None
 
 
 def artifact_hash(files: Mapping[str, str]) -> str:
@@ -163,14 +165,20 @@ def read_meta(folder: str | Path, stage: str, *, verify: bool = True) -> dict[st
     try:
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ArtifactError(f"'{path}' is corrupt; delete '{folder}' and rerun the '{stage}' step") from None
+        raise ArtifactError(
+            f"'{path}' is corrupt; delete '{folder}' and rerun the '{stage}' step"
+        ) from None
     if meta.get("stage") != stage:
-        raise ArtifactError(f"'{path}' describes a '{meta.get('stage')}' artifact, expected '{stage}'")
+        raise ArtifactError(
+            f"'{path}' describes a '{meta.get('stage')}' artifact, expected '{stage}'"
+        )
     if verify:
         for name, expected in meta["files"].items():
             f = folder / name
             if not f.is_file():
-                raise ArtifactError(f"'{f}' is missing from the '{stage}' artifact; rerun the '{stage}' step")
+                raise ArtifactError(
+                    f"'{f}' is missing from the '{stage}' artifact; rerun the '{stage}' step"
+                )
             if hash_file(f) != expected:
                 raise ArtifactError(
                     f"'{f}' does not match its recorded hash (corrupt or edited); "
@@ -179,7 +187,9 @@ def read_meta(folder: str | Path, stage: str, *, verify: bool = True) -> dict[st
     return meta
 
 
-def check_input(meta: Mapping[str, Any], name: str, upstream: Mapping[str, Any], where: str) -> None:
+def check_input(
+    meta: Mapping[str, Any], name: str, upstream: Mapping[str, Any], where: str
+) -> None:
     """Refuse an artifact that was made from a different upstream than the one on disk."""
     recorded = meta["inputs"].get(name)
     if recorded != upstream["hash"]:

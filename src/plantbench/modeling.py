@@ -13,8 +13,16 @@ if TYPE_CHECKING:  # transformers' Llama import costs seconds: only the function
     from transformers import LlamaConfig, LlamaForCausalLM
 
 
-def llama_config(model_cfg: dict[str, Any], vocab_size: int, window: int, *, bos: int, eos: int,
-                 pad: int, attn: str = "sdpa") -> LlamaConfig:
+def llama_config(
+    model_cfg: dict[str, Any],
+    vocab_size: int,
+    window: int,
+    *,
+    bos: int,
+    eos: int,
+    pad: int,
+    attn: str = "sdpa",
+) -> LlamaConfig:
     """LlamaConfig from the ``model`` config section. ``attn``: 'sdpa' to train, 'eager' (math
     kernel) for per-example gradients."""
     from transformers import LlamaConfig
@@ -46,14 +54,17 @@ def build_model(config: LlamaConfig, seed: int) -> LlamaForCausalLM:
     return model
 
 
-def load_model(path: str | Path, *, attn: str = "sdpa", dtype: torch.dtype = torch.float32
-               ) -> LlamaForCausalLM:
+def load_model(
+    path: str | Path, *, attn: str = "sdpa", dtype: torch.dtype = torch.float32
+) -> LlamaForCausalLM:
     """Load a checkpoint folder saved with ``save_pretrained``."""
     from transformers import LlamaForCausalLM
 
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise ArtifactError(f"checkpoint '{path}' is missing or incomplete; rerun the pretrain step")
+        raise ArtifactError(
+            f"checkpoint '{path}' is missing or incomplete; rerun the pretrain step"
+        )
     model = LlamaForCausalLM.from_pretrained(path, attn_implementation=attn, dtype=dtype)
     model.eval()
     return model

@@ -21,7 +21,9 @@ def encode(tok: Any, prompts: Sequence[str], answers: Sequence[str]) -> list[tup
     return [([tokenizer.BOS_ID, *p, *a], len(a)) for p, a in zip(p_ids, a_ids, strict=True)]
 
 
-def pad_batch(items: Sequence[tuple[list[int], int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pad_batch(
+    items: Sequence[tuple[list[int], int]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ``input_ids``, ``attention_mask`` and ``answer_mask`` (True where the token
     is an answer token, i.e. a position whose next-token loss counts is the one before it)."""
     T = max(len(ids) for ids, _ in items)
@@ -36,8 +38,9 @@ def pad_batch(items: Sequence[tuple[list[int], int]]) -> tuple[torch.Tensor, tor
 
 
 @torch.no_grad()
-def answer_logprobs(model: torch.nn.Module, items: Sequence[tuple[list[int], int]],
-                    batch_size: int = 64) -> tuple[np.ndarray, np.ndarray]:
+def answer_logprobs(
+    model: torch.nn.Module, items: Sequence[tuple[list[int], int]], batch_size: int = 64
+) -> tuple[np.ndarray, np.ndarray]:
     """Summed log p(answer tokens | prefix) per item (float64) and the answer token counts."""
     device = next(model.parameters()).device
     out = np.zeros(len(items), dtype=np.float64)

@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from . import io, metrics  # noqa: E402
-from .config import config_hash, study_hash  # noqa: E402
+from .config import study_hash  # noqa: E402
 from .paths import MODELS, Paths  # noqa: E402
 
 log = logging.getLogger(__name__)

@@ -73,8 +73,9 @@ def span_windows(cfg: dict[str, Any], position: str) -> range:
     return range(int(np.floor(lo * n)), int(np.floor(hi * n)))
 
 
-def plan_slots(cfg: dict[str, Any], facts: pd.DataFrame, documents: pd.DataFrame,
-               distractors: pd.DataFrame) -> list[Slot]:
+def plan_slots(
+    cfg: dict[str, Any], facts: pd.DataFrame, documents: pd.DataFrame, distractors: pd.DataFrame
+) -> list[Slot]:
     """Assign every planted and distractor document to a window index (seeded)."""
     seed = cfg["seed"]
     n = n_windows(cfg)
@@ -96,7 +97,9 @@ def plan_slots(cfg: dict[str, Any], facts: pd.DataFrame, documents: pd.DataFrame
             fa, fb = by_reader["A"].fact_id, by_reader["B"].fact_id
             da, db = docs_by_fact.get(fa, []), docs_by_fact.get(fb, [])
             if len(da) != len(db):
-                raise ArtifactError(f"facts {fa} and {fb} are paired but have {len(da)} and {len(db)} documents")
+                raise ArtifactError(
+                    f"facts {fa} and {fb} are paired but have {len(da)} and {len(db)} documents"
+                )
             pairs.extend(zip(da, db, strict=True))
             fact_pairs.extend([(fa, fb)] * len(da))
         free = np.array([i for i in span if not taken[i]], dtype=np.int64)
@@ -134,7 +137,9 @@ def _token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.uint32)
 
 
-def _background_tokens(cfg: dict[str, Any], tok: Any, texts: list[str], needed: int) -> tuple[np.ndarray, int]:
+def _background_tokens(
+    cfg: dict[str, Any], tok: Any, texts: list[str], needed: int
+) -> tuple[np.ndarray, int]:
     """Concatenate ``<bos> doc <eos>`` of training documents (seeded order) until ``needed``
     tokens; if the corpus is too small, start another seeded pass (an epoch) and record it."""
     out: list[np.ndarray] = []
@@ -179,7 +184,9 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
     doc_text = dict(zip(documents["doc_id"], documents["text"], strict=True))
     doc_text.update(zip(distractors["doc_id"], distractors["text"], strict=True))
     ids = sorted(doc_text)
-    doc_tokens = dict(zip(ids, tokenizer.encode_batch(tok, [doc_text[i] for i in ids]), strict=True))
+    doc_tokens = dict(
+        zip(ids, tokenizer.encode_batch(tok, [doc_text[i] for i in ids]), strict=True)
+    )
     longest = max(doc_tokens, key=lambda d: len(doc_tokens[d]))
     if len(doc_tokens[longest]) + 2 > W:
         raise ConfigError(
@@ -190,8 +197,12 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
     heldout_texts = corpus.loc[corpus["split"] == "heldout", "text"].tolist()
     train_texts = corpus.loc[corpus["split"] == "train", "text"].tolist()
     if not heldout_texts or not train_texts:
-        raise ArtifactError(f"corpus '{paths.corpus}' has no train or no held-out documents; check corpus sources")
-    pad_stream, _ = _background_tokens(cfg, tok, heldout_texts, max(4 * W, min(len(slots), 4096) * W))
+        raise ArtifactError(
+            f"corpus '{paths.corpus}' has no train or no held-out documents; check corpus sources"
+        )
+    pad_stream, _ = _background_tokens(
+        cfg, tok, heldout_texts, max(4 * W, min(len(slots), 4096) * W)
+    )
     n_background = N - len(slots)
     bg, epochs = _background_tokens(cfg, tok, train_texts, n_background * W)
     bg = bg.reshape(n_background, W)
@@ -207,7 +218,11 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
         start = (index * W) % (len(pad_stream) - W)
         return np.concatenate([body, pad_stream[start : start + need]])
 
-    inputs = {"facts": facts_meta["hash"], "corpus": corpus_meta["hash"], "tokenizer": tok_meta["hash"]}
+    inputs = {
+        "facts": facts_meta["hash"],
+        "corpus": corpus_meta["hash"],
+        "tokenizer": tok_meta["hash"],
+    }
     metas: dict[str, dict[str, Any]] = {}
     for model in MODELS:
         windows = np.empty((N, W), dtype=dtype)
@@ -295,7 +310,9 @@ def open_stream(folder: str | Path, *, verify: bool = True) -> Stream:
     path = folder / TOKENS
     expected = shape[0] * shape[1] * dtype.itemsize
     if path.stat().st_size != expected:
-        raise ArtifactError(f"'{path}' has {path.stat().st_size} bytes, expected {expected}; rerun the stream step")
+        raise ArtifactError(
+            f"'{path}' has {path.stat().st_size} bytes, expected {expected}; rerun the stream step"
+        )
     windows = np.memmap(path, dtype=dtype, mode="r", shape=shape)
     manifest = io.read_parquet(folder / MANIFEST)
     return Stream(folder, meta, windows, manifest)
@@ -305,7 +322,9 @@ def format_batch(stream: Stream, step: int, tok: Any, width: int = 72) -> str:
     """The windows of one optimizer step, with kinds, documents, hashes and a text preview."""
     info = stream.meta["info"]
     if not 0 <= step < int(info["steps"]):
-        raise ConfigError(f"--step {step} is out of range; this stream has steps 0..{int(info['steps']) - 1}")
+        raise ConfigError(
+            f"--step {step} is out of range; this stream has steps 0..{int(info['steps']) - 1}"
+        )
     B = stream.batch_windows
     rows = stream.manifest.iloc[step * B : (step + 1) * B]
     lines = [f"model {info['model']}  step {step}  windows {step * B}..{(step + 1) * B - 1}"]

@@ -72,7 +72,13 @@ def check_files(root: Path) -> tuple[list[Check], dict[str, dict[str, Any]]]:
             raw = json.loads((folder / "meta.json").read_text())
             meta = io.read_meta(folder, raw.get("stage", "?"))
         except (ArtifactError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            checks.append(Check(name, "FAIL", str(exc) if isinstance(exc, ArtifactError) else "meta.json is corrupt"))
+            checks.append(
+                Check(
+                    name,
+                    "FAIL",
+                    str(exc) if isinstance(exc, ArtifactError) else "meta.json is corrupt",
+                )
+            )
             continue
         metas[name] = meta
         checks.append(Check(name, "PASS", f"{len(meta['files'])} files match their xxh3"))
@@ -97,7 +103,11 @@ def check_lineage(metas: dict[str, dict[str, Any]]) -> list[Check]:
         missing = [k for k, h in meta["inputs"].items() if h not in present]
         if missing:
             checks.append(
-                Check(f"{name} (lineage)", "FAIL", f"made from {', '.join(missing)} that is not the one in this run")
+                Check(
+                    f"{name} (lineage)",
+                    "FAIL",
+                    f"made from {', '.join(missing)} that is not the one in this run",
+                )
             )
     if not checks and metas:
         checks.append(Check("lineage", "PASS", f"all inputs of {len(metas)} artifacts are present"))
@@ -118,11 +128,16 @@ def check_streams(paths: Paths) -> list[Check]:
         bad = np.flatnonzero(hashes != s.manifest["hash"].to_numpy())
         if len(bad):
             checks.append(
-                Check(f"stream/{m} windows", "FAIL",
-                      f"{len(bad)} windows differ from the manifest's xxh3 (first: window {bad[0]}) in '{s.folder / 'tokens.bin'}'")
+                Check(
+                    f"stream/{m} windows",
+                    "FAIL",
+                    f"{len(bad)} windows differ from the manifest's xxh3 (first: window {bad[0]}) in '{s.folder / 'tokens.bin'}'",
+                )
             )
         else:
-            checks.append(Check(f"stream/{m} windows", "PASS", f"{len(hashes)} windows match the manifest"))
+            checks.append(
+                Check(f"stream/{m} windows", "PASS", f"{len(hashes)} windows match the manifest")
+            )
         streams[m] = s
     if len(streams) == 2:
         a, b = streams["A"], streams["B"]
@@ -130,9 +145,19 @@ def check_streams(paths: Paths) -> list[Check]:
         differ = (a.manifest["hash"] != b.manifest["hash"]).to_numpy()
         same_kinds = (a.manifest["kind"] == b.manifest["kind"]).all()
         if same_kinds and np.array_equal(differ, planted):
-            checks.append(Check("streams A/B", "PASS", f"differ exactly at the {int(planted.sum())} planted windows"))
+            checks.append(
+                Check(
+                    "streams A/B",
+                    "PASS",
+                    f"differ exactly at the {int(planted.sum())} planted windows",
+                )
+            )
         else:
-            checks.append(Check("streams A/B", "FAIL", "A and B differ somewhere other than the planted windows"))
+            checks.append(
+                Check(
+                    "streams A/B", "FAIL", "A and B differ somewhere other than the planted windows"
+                )
+            )
     return checks
 
 
@@ -150,10 +175,16 @@ def find_reference(cfg: dict[str, Any], ref_dir: Path) -> tuple[Path, dict[str, 
     return None
 
 
-def check_reference(cfg: dict[str, Any], metas: dict[str, dict[str, Any]], ref_dir: Path) -> list[Check]:
+def check_reference(
+    cfg: dict[str, Any], metas: dict[str, dict[str, Any]], ref_dir: Path
+) -> list[Check]:
     found = find_reference(cfg, ref_dir)
     if found is None:
-        return [Check("reference", "SKIP", f"no reference in '{ref_dir}' for study hash {study_hash(cfg)}")]
+        return [
+            Check(
+                "reference", "SKIP", f"no reference in '{ref_dir}' for study hash {study_hash(cfg)}"
+            )
+        ]
     path, ref = found
     here = platform_key()
     checks = []
@@ -166,11 +197,22 @@ def check_reference(cfg: dict[str, Any], metas: dict[str, dict[str, Any]], ref_d
             if ref["platform"]["python"] != here["python"] and any(
                 s.get("kind") == "stdlib" for s in cfg["corpus"]["sources"]
             ):
-                checks.append(Check(f"reference {name}", "SKIP",
-                                    f"stdlib corpus: reference made with Python {ref['platform']['python']}, this is {here['python']}"))
+                checks.append(
+                    Check(
+                        f"reference {name}",
+                        "SKIP",
+                        f"stdlib corpus: reference made with Python {ref['platform']['python']}, this is {here['python']}",
+                    )
+                )
                 continue
         if not portable and ref["platform"] != here:
-            checks.append(Check(f"reference {name}", "SKIP", "float artifact; reference made on another platform"))
+            checks.append(
+                Check(
+                    f"reference {name}",
+                    "SKIP",
+                    "float artifact; reference made on another platform",
+                )
+            )
             continue
         actual = metas[name]["hash"]
         status = "PASS" if actual == expected else "FAIL"
@@ -189,7 +231,9 @@ def run(cfg: dict[str, Any], paths: Paths, *, ref_dir: Path | None = None) -> li
     return checks
 
 
-def write_reference(cfg: dict[str, Any], paths: Paths, name: str, ref_dir: Path | None = None) -> Path:
+def write_reference(
+    cfg: dict[str, Any], paths: Paths, name: str, ref_dir: Path | None = None
+) -> Path:
     _, metas = check_files(paths.root)
     ref = {
         "name": name,

@@ -4,8 +4,6 @@
 rule config:
     output:
         CONFIG_JSON,
-    params:
-        cfg=json.dumps(config, sort_keys=True),
     log:
         log_of("config"),
     benchmark:
@@ -16,6 +14,8 @@ rule config:
     resources:
         mem_mb=500,
         runtime=5,
+    params:
+        cfg=json.dumps(config, sort_keys=True),
     shell:
         "plantbench config --json {params.cfg:q} --out {output} 2> {log}"
 

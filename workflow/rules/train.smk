@@ -11,14 +11,18 @@ rule pretrain:
     output:
         meta=f"{R}/models/{{model}}/meta.json",
         loss=f"{R}/models/{{model}}/loss.csv",
-    wildcard_constraints:
-        model="A|B",
     log:
         log_of("pretrain_{model}"),
     benchmark:
         bench_of("pretrain_{model}")
+    wildcard_constraints:
+        model="A|B",
     conda:
         "../../envs/plantbench.yaml"
+    threads: config["train"]["threads"]
+    resources:
+        mem_mb=lambda wc, attempt: 4000 * attempt,
+        runtime=lambda wc, attempt: 60 * attempt,
     params:
         # train.devices > 1: one data-parallel process per GPU (torchrun picks a free port, so
         # both twins' jobs can share a node; `accelerate launch --multi_gpu` works the same way).
@@ -28,9 +32,5 @@ rule pretrain:
             if config["train"]["devices"] > 1
             else "plantbench"
         ),
-    threads: config["train"]["threads"]
-    resources:
-        mem_mb=lambda wc, attempt: 4000 * attempt,
-        runtime=lambda wc, attempt: 60 * attempt,
     shell:
         "{params.launch} pretrain -c {input.config} --model {wildcards.model} --threads {threads} 2> {log}"
