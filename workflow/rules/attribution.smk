@@ -10,7 +10,6 @@ include: "attribution_common.smk"
 
 rule pool:
     input:
-        config=CONFIG_JSON,
         stream=f"{R}/stream/{{model}}/meta.json",
     output:
         meta=f"{R}/pool/{{model}}/meta.json",
@@ -25,14 +24,16 @@ rule pool:
     resources:
         mem_mb=lambda wc, attempt: 2000 * attempt,
         runtime=lambda wc, attempt: 10 * attempt,
+    params:
+        config=CONFIG_JSON,
+        sections=sections("seed", "pool"),
     shell:
-        "plantbench pool -c {input.config} --model {wildcards.model} 2> {log}"
+        "plantbench pool -c {params.config} --model {wildcards.model} 2> {log}"
 
 
 # GPU
 rule grads_pool:
     input:
-        config=CONFIG_JSON,
         pool=rules.pool.output.meta,
         model=f"{R}/models/{{model}}/meta.json",
     output:
@@ -47,15 +48,17 @@ rule grads_pool:
     resources:
         mem_mb=lambda wc, attempt: 3000 * attempt,
         runtime=lambda wc, attempt: 60 * attempt,
+    params:
+        config=CONFIG_JSON,
+        sections=sections("features"),
     shell:
-        "plantbench grads -c {input.config} --model {wildcards.model} "
+        "plantbench grads -c {params.config} --model {wildcards.model} "
         "--checkpoint {wildcards.checkpoint} --shard {wildcards.shard} --threads {threads} 2> {log}"
 
 
 # GPU
 rule grads_queries:
     input:
-        config=CONFIG_JSON,
         facts=f"{R}/facts/meta.json",
         model=f"{R}/models/{{model}}/meta.json",
     output:
@@ -70,14 +73,16 @@ rule grads_queries:
     resources:
         mem_mb=lambda wc, attempt: 3000 * attempt,
         runtime=lambda wc, attempt: 20 * attempt,
+    params:
+        config=CONFIG_JSON,
+        sections=sections("features"),
     shell:
-        "plantbench grads -c {input.config} --model {wildcards.model} "
+        "plantbench grads -c {params.config} --model {wildcards.model} "
         "--checkpoint {wildcards.checkpoint} --queries --threads {threads} 2> {log}"
 
 
 rule curvature:
     input:
-        config=CONFIG_JSON,
         shards=pool_shards,
     output:
         f"{FEAT}/{{model}}/curvature/{{checkpoint}}.npz",
@@ -91,15 +96,17 @@ rule curvature:
     resources:
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 20 * attempt,
+    params:
+        config=CONFIG_JSON,
+        sections=sections("features", "curvature"),
     shell:
-        "plantbench curvature -c {input.config} --model {wildcards.model} "
+        "plantbench curvature -c {params.config} --model {wildcards.model} "
         "--checkpoint {wildcards.checkpoint} 2> {log}"
 
 
 # GPU
 rule hidden:
     input:
-        config=CONFIG_JSON,
         pool=rules.pool.output.meta,
         facts=f"{R}/facts/meta.json",
         tokenizer=rules.tokenizer.output.meta,
@@ -116,14 +123,16 @@ rule hidden:
     resources:
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 30 * attempt,
+    params:
+        config=CONFIG_JSON,
+        sections=sections("features"),
     shell:
-        "plantbench hidden -c {input.config} --model {wildcards.model} --threads {threads} 2> {log}"
+        "plantbench hidden -c {params.config} --model {wildcards.model} --threads {threads} 2> {log}"
 
 
 # GPU
 rule embed:
     input:
-        config=CONFIG_JSON,
         pool=rules.pool.output.meta,
         facts=f"{R}/facts/meta.json",
         tokenizer=rules.tokenizer.output.meta,
@@ -139,13 +148,15 @@ rule embed:
     resources:
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 60 * attempt,
+    params:
+        config=CONFIG_JSON,
+        sections=sections("features"),
     shell:
-        "plantbench embed -c {input.config} --model {wildcards.model} --threads {threads} 2> {log}"
+        "plantbench embed -c {params.config} --model {wildcards.model} --threads {threads} 2> {log}"
 
 
 rule score:
     input:
-        config=CONFIG_JSON,
         pool=rules.pool.output.meta,
         facts=f"{R}/facts/meta.json",
         features=method_inputs,
@@ -161,6 +172,9 @@ rule score:
     resources:
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 30 * attempt,
+    params:
+        config=CONFIG_JSON,
+        sections=sections("methods", "scoring", "features", "curvature"),
     shell:
-        "plantbench score -c {input.config} --method {wildcards.method} "
+        "plantbench score -c {params.config} --method {wildcards.method} "
         "--model {wildcards.model} --threads {threads} 2> {log}"

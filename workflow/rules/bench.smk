@@ -5,7 +5,6 @@
 
 rule bench:
     input:
-        config=CONFIG_JSON,
     output:
         csv=f"{R}/benchmarks/benchmarks.csv",
         profile=f"{R}/benchmarks/train_profile.txt",
@@ -19,5 +18,8 @@ rule bench:
     resources:
         mem_mb=8000,
         runtime=60,
+    params:
+        config=CONFIG_JSON,
+        sections=sections(*config),
     shell:
-        "plantbench bench -c {input.config} --threads {threads} > {log} 2>&1"
+        "plantbench bench -c {params.config} --threads {threads} > {log} 2>&1"

@@ -1,28 +1,7 @@
 # Facts, background corpus, tokenizer and the twin streams.
 
 
-rule config:
-    output:
-        CONFIG_JSON,
-    log:
-        log_of("config"),
-    benchmark:
-        bench_of("config")
-    conda:
-        "../../envs/plantbench.yaml"
-    threads: 1
-    resources:
-        mem_mb=500,
-        runtime=5,
-    params:
-        cfg=json.dumps(config, sort_keys=True),
-    shell:
-        "plantbench config --json {params.cfg:q} --out {output} 2> {log}"
-
-
 rule facts:
-    input:
-        CONFIG_JSON,
     output:
         meta=f"{R}/facts/meta.json",
         tables=expand(
@@ -40,13 +19,14 @@ rule facts:
     resources:
         mem_mb=2000,
         runtime=10,
+    params:
+        config=CONFIG_JSON,
+        sections=sections("seed", "facts"),
     shell:
-        "plantbench facts -c {input} 2> {log}"
+        "plantbench facts -c {params.config} 2> {log}"
 
 
 rule corpus:
-    input:
-        CONFIG_JSON,
     output:
         meta=f"{R}/corpus/meta.json",
         table=f"{R}/corpus/corpus.parquet",
@@ -58,15 +38,17 @@ rule corpus:
         "../../envs/plantbench.yaml"
     threads: 1
     resources:
-        mem_mb=4000,
+        mem_mb=text_mem_mb,
         runtime=30,
+    params:
+        config=CONFIG_JSON,
+        sections=sections("seed", "corpus"),
     shell:
-        "plantbench corpus -c {input} 2> {log}"
+        "plantbench corpus -c {params.config} 2> {log}"
 
 
 rule tokenizer:
     input:
-        config=CONFIG_JSON,
         corpus=rules.corpus.output.meta,
     output:
         meta=f"{R}/tokenizer/meta.json",
@@ -78,15 +60,17 @@ rule tokenizer:
         "../../envs/plantbench.yaml"
     threads: 1
     resources:
-        mem_mb=4000,
+        mem_mb=text_mem_mb,
         runtime=30,
+    params:
+        config=CONFIG_JSON,
+        sections=sections("seed", "corpus", "tokenizer"),
     shell:
-        "plantbench tokenizer -c {input.config} 2> {log}"
+        "plantbench tokenizer -c {params.config} 2> {log}"
 
 
 rule stream:
     input:
-        config=CONFIG_JSON,
         facts=rules.facts.output.meta,
         corpus=rules.corpus.output.meta,
         tokenizer=rules.tokenizer.output.meta,
@@ -102,7 +86,10 @@ rule stream:
         "../../envs/plantbench.yaml"
     threads: 1
     resources:
-        mem_mb=8000,
+        mem_mb=stream_mem_mb,
         runtime=60,
+    params:
+        config=CONFIG_JSON,
+        sections=sections("seed", "facts", "corpus", "tokenizer", "stream", "train"),
     shell:
-        "plantbench stream -c {input.config} 2> {log}"
+        "plantbench stream -c {params.config} 2> {log}"

@@ -3,7 +3,6 @@
 
 rule causal:
     input:
-        config=CONFIG_JSON,
         facts=rules.facts.output.meta,
         models=expand("{R}/models/{model}/meta.json", R=R, model=MODELS),
     output:
@@ -20,13 +19,15 @@ rule causal:
     resources:
         mem_mb=4000,
         runtime=30,
+    params:
+        config=CONFIG_JSON,
+        sections=sections("causal"),
     shell:
-        "plantbench causal -c {input.config} --threads {threads} 2> {log}"
+        "plantbench causal -c {params.config} --threads {threads} 2> {log}"
 
 
 rule report:
     input:
-        config=CONFIG_JSON,
         causal=rules.causal.output.meta,
         models=expand("{R}/models/{model}/meta.json", R=R, model=MODELS),
         analysis=f"{R}/analysis/meta.json",
@@ -58,5 +59,8 @@ rule report:
     resources:
         mem_mb=2000,
         runtime=10,
+    params:
+        config=CONFIG_JSON,
+        sections=sections(*config),
     shell:
-        "plantbench report -c {input.config} 2> {log}"
+        "plantbench report -c {params.config} 2> {log}"

@@ -5,7 +5,6 @@
 
 rule pretrain:
     input:
-        config=CONFIG_JSON,
         stream=f"{R}/stream/{{model}}/meta.json",
         tokenizer=rules.tokenizer.output.meta,
     output:
@@ -24,6 +23,8 @@ rule pretrain:
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 60 * attempt,
     params:
+        config=CONFIG_JSON,
+        sections=sections("seed", "model", "train"),
         # train.devices > 1: one data-parallel process per GPU (torchrun picks a free port, so
         # both twins' jobs can share a node; `accelerate launch --multi_gpu` works the same way).
         # On Slurm also set `gpu: <devices>` under set-resources.pretrain in profiles/slurm.
@@ -33,4 +34,4 @@ rule pretrain:
             else "plantbench"
         ),
     shell:
-        "{params.launch} pretrain -c {input.config} --model {wildcards.model} --threads {threads} 2> {log}"
+        "{params.launch} pretrain -c {params.config} --model {wildcards.model} --threads {threads} 2> {log}"

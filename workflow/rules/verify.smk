@@ -3,7 +3,6 @@
 
 rule verify:
     input:
-        config=CONFIG_JSON,
         report=f"{R}/report/report.md",
     output:
         f"{R}/verify.txt",
@@ -17,5 +16,8 @@ rule verify:
     resources:
         mem_mb=4000,
         runtime=30,
+    params:
+        config=CONFIG_JSON,
+        sections=sections(*config),
     shell:
-        "plantbench verify -c {input.config} --out {output} > {log} 2>&1"
+        "plantbench verify -c {params.config} --out {output} > {log} 2>&1"
