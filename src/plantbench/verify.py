@@ -32,7 +32,7 @@ import torch
 from . import io
 from .config import study_hash
 from .errors import ArtifactError, PlantbenchError
-from .hashing import window_hashes
+from .hashing import hash_file, window_hashes
 from .paths import MODELS, Paths
 
 PORTABLE = ("facts", "corpus", "tokenizer", "stream/A", "stream/B", "pool/A", "pool/B")
@@ -96,11 +96,37 @@ def check_files(root: Path) -> tuple[list[Check], dict[str, dict[str, Any]]]:
     return checks, metas
 
 
-def check_lineage(metas: dict[str, dict[str, Any]]) -> list[Check]:
+EXTERNAL_INPUTS = ("encoder",)  # made outside the run (an installed or local model folder)
+
+
+def present_hashes(root: Path, metas: dict[str, dict[str, Any]]) -> set[str]:
+    """Hashes of everything in the run an artifact may record as an input: artifacts,
+    checkpoints (their index), gradient stores and curvature files."""
     present = {m["hash"] for m in metas.values()}
+    for index in root.glob("models/*/checkpoints/index.json"):
+        present.update(c["hash"] for c in json.loads(index.read_text()))
+    for curv in root.glob("features/*/curvature/*.npz"):
+        present.add(hash_file(curv))
+    try:
+        from .gradients import GradientStore
+
+        for part in ("pool", "queries"):
+            for folder in root.glob(f"features/*/grads/*/{part}"):
+                shards = sorted(p.parent for p in folder.rglob("shard.json"))
+                if shards:
+                    present.add(GradientStore.open(shards, verify=False).hash)
+    except PlantbenchError:
+        pass  # a broken store is reported by check_files
+    return present
+
+
+def check_lineage(root: Path, metas: dict[str, dict[str, Any]]) -> list[Check]:
+    present = present_hashes(root, metas)
     checks = []
     for name, meta in metas.items():
-        missing = [k for k, h in meta["inputs"].items() if h not in present]
+        missing = [
+            k for k, h in meta["inputs"].items() if h not in present and k not in EXTERNAL_INPUTS
+        ]
         if missing:
             checks.append(
                 Check(
@@ -225,7 +251,7 @@ def run(cfg: dict[str, Any], paths: Paths, *, ref_dir: Path | None = None) -> li
     if not root.is_dir():
         raise ArtifactError(f"results folder '{root}' does not exist; run the study first")
     checks, metas = check_files(root)
-    checks += check_lineage(metas)
+    checks += check_lineage(root, metas)
     checks += check_streams(paths)
     checks += check_reference(cfg, metas, ref_dir or REFERENCE_DIR)
     return checks
