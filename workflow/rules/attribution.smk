@@ -159,6 +159,7 @@ rule score:
     input:
         pool=rules.pool.output.meta,
         facts=f"{R}/facts/meta.json",
+        model=f"{R}/models/{{model}}/meta.json",
         features=method_inputs,
     output:
         f"{R}/scores/{{method}}/{{model}}/meta.json",
