@@ -285,7 +285,7 @@ def slurm_run(tmp_path_factory: pytest.TempPathFactory, local_run: Run, configs:
 def test_each_rule_runs_as_its_own_slurm_job_with_its_resources(slurm_run: Run) -> None:
     jobs = slurm_run.jobs()
     names = sorted(j["rule"] + (f"[{j['wildcards']}]" if j["wildcards"] else "") for j in jobs)
-    expected = ["causal", "config", "corpus", "facts", "pretrain[model=A]", "pretrain[model=B]"]
+    expected = ["causal", "corpus", "facts", "pretrain[model=A]", "pretrain[model=B]"]
     expected += ["stream", "tokenizer"]
     if TARGETS == ["causal"]:
         assert names == sorted(expected), names
@@ -303,7 +303,7 @@ def test_each_rule_runs_as_its_own_slurm_job_with_its_resources(slurm_run: Run) 
     assert by_rule["causal"]["threads"] == 2 and by_rule["causal"]["slurm"]["cpus"] == 2
     # rule-declared resources reach Slurm (pretrain: mem 4000 * attempt, runtime 60 * attempt)
     assert (by_rule["pretrain"]["mem_mb"], by_rule["pretrain"]["runtime"]) == (4000, 60)
-    assert (by_rule["config"]["mem_mb"], by_rule["config"]["runtime"]) == (500, 5)
+    assert (by_rule["facts"]["mem_mb"], by_rule["facts"]["runtime"]) == (2000, 10)
     # per-job Slurm logs are kept (slurm-keep-successful-logs in the test profile)
     logs = list((slurm_run.workdir / ".snakemake" / "slurm_logs").rglob("*.log"))
     assert len(logs) >= len(jobs)
@@ -335,7 +335,7 @@ def test_failed_job_reruns_alone_and_resumes(
     assert second.rc == 0, second.tail()
     rerun = sorted((j["rule"], j["wildcards"]) for j in second.jobs())
     assert {("causal", ""), ("pretrain", "model=A")} <= set(rerun), rerun
-    upstream = {"config", "facts", "corpus", "tokenizer", "stream"}
+    upstream = {"facts", "corpus", "tokenizer", "stream"}
     assert not [r for r in rerun if r[0] in upstream or r == ("pretrain", "model=B")], rerun
     after = _mtimes(wd)
     kept = {f: t for f, t in before.items() if "/models/A/" not in f}
