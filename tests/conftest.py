@@ -24,20 +24,10 @@ def smoke_cfg(tmp_path: Path) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def smoke_stream(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The smoke config's upstream (facts, corpus, tokenizer, both streams), built once."""
-    from plantbench.cli import main
+    from upstream import build_upstream
 
     root = tmp_path_factory.mktemp("smoke_stream")
+    build_upstream(root)
     cfg = config.load([ROOT / "config.yaml", SMOKE], {"results": str(root / "results")})
-    cfg_path = root / "config.json"
-    assert (
-        main(["config", "-c", str(ROOT / "config.yaml"), "-c", str(SMOKE), "--out", str(cfg_path)])
-        == 0
-    )
-    cfg_path.write_text(
-        cfg_path.read_text().replace(
-            '"results": "results/smoke"', f'"results": "{root / "results"}"'
-        )
-    )
-    for step in ("facts", "corpus", "tokenizer", "stream"):
-        assert main([step, "-c", str(cfg_path)]) == 0, step
+    cfg_path = root / "results" / "config.json"
     return {"cfg": cfg, "config": cfg_path, "root": root}

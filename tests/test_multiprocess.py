@@ -21,10 +21,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-import yaml
 from safetensors.numpy import load_file
+from upstream import build_upstream
 
-from plantbench import cli
 from plantbench.paths import Paths
 from plantbench.stream import open_stream
 
@@ -47,15 +46,7 @@ TIMEOUT = 600
 
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("mp_upstream")
-    over = base / "override.yaml"
-    over.write_text(yaml.safe_dump({**OVERRIDE, "results": str(base / "results")}))
-    files = ["-c", str(ROOT / "config.yaml"), "-c", str(SMOKE), "-c", str(over)]
-    assert cli.main(["config", *files]) == 0
-    cfg_json = str(base / "results" / "config.json")
-    for step in ("facts", "corpus", "tokenizer", "stream"):
-        assert cli.main([step, "-c", cfg_json]) == 0, step
-    return base / "results"
+    return build_upstream(tmp_path_factory.mktemp("mp_upstream"), OVERRIDE)
 
 
 def _train(upstream: Path, dest: Path, nproc: int) -> dict[str, Any]:

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
+from upstream import build_upstream
 
-from plantbench import cli, pretrain
+from plantbench import pretrain
 from plantbench.errors import EXIT_PREEMPTED
 from plantbench.paths import Paths
 
@@ -49,15 +49,7 @@ RUN_TIMEOUT = 300
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """results/ with config.json, facts, corpus, tokenizer and both streams (no models)."""
-    base = tmp_path_factory.mktemp("pretrain_upstream")
-    over = base / "override.yaml"
-    over.write_text(yaml.safe_dump({**OVERRIDE, "results": str(base / "results")}))
-    files = ["-c", str(ROOT / "config.yaml"), "-c", str(SMOKE), "-c", str(over)]
-    assert cli.main(["config", *files]) == 0
-    cfg_json = str(base / "results" / "config.json")
-    for step in ("facts", "corpus", "tokenizer", "stream"):
-        assert cli.main([step, "-c", cfg_json]) == 0, step
-    return base / "results"
+    return build_upstream(tmp_path_factory.mktemp("pretrain_upstream"), OVERRIDE)
 
 
 def _workspace(upstream: Path, dest: Path) -> Path:
