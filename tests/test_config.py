@@ -44,7 +44,7 @@ def test_deep_merge_keeps_siblings():
         ({"train": {"steps": 100}}, "does not fit in the stream"),
         (
             {
-                "facts": {"distractors_per_entity": 4},
+                "facts": {"distractors_per_entity": 4, "facts_per_cell": 2},
                 "train": {"steps": 300},
                 "stream": {
                     "position_spans": {

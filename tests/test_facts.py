@@ -90,7 +90,7 @@ def test_grid_counts(cfg, tables):
     fc = cfg["facts"]
     f = tables["facts"]
     n_cells = len(fc["domains"]) * len(fc["n_docs"]) * len(fc["positions"]) * 2
-    assert len(f) == n_cells * fc["facts_per_cell"] == 96
+    assert len(f) == n_cells * fc["facts_per_cell"] == 48 * fc["facts_per_cell"]
     assert list(f["fact_id"]) == [f"F{i:04d}" for i in range(len(f))]
     assert set(Counter(f["cell"]).values()) == {fc["facts_per_cell"]}
     for row in f.itertuples():
@@ -100,7 +100,7 @@ def test_grid_counts(cfg, tables):
 
     per_fact = Counter(tables["documents"]["fact_id"])
     assert all(per_fact[r.fact_id] == r.n_docs for r in f.itertuples())
-    assert len(tables["documents"]) == 4080
+    assert len(tables["documents"]) == 2 * 3 * 2 * (2 + 8 + 32 + 128) * fc["facts_per_cell"]
 
     per_entity = Counter(tables["distractors"]["entity_id"])
     assert all(per_entity[e] == fc["distractors_per_entity"] for e in f["entity_id"])
