@@ -209,8 +209,6 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
     bg, epochs = _background_tokens(cfg, tok, train_texts, n_background * W, dtype)
     bg = bg.reshape(n_background, W)
     slot_at = {s.index: s for s in slots}
-    fact_of: dict[str, str] = dict(zip(documents["doc_id"], documents["fact_id"], strict=True))
-    fact_of.update(zip(distractors["doc_id"], distractors["fact_id"], strict=True))
 
     def doc_window(doc_id: str, index: int) -> np.ndarray:
         body = np.asarray([tokenizer.BOS_ID, *doc_tokens[doc_id], tokenizer.EOS_ID], dtype=dtype)
@@ -242,10 +240,9 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
                     b += 1
                     kind[i], fact_id[i], doc_id[i] = "background", "", ""
                 else:
-                    d = s.doc_a if model == "A" else s.doc_b
+                    d, f = (s.doc_a, s.fact_a) if model == "A" else (s.doc_b, s.fact_b)
                     windows[i] = doc_window(d, i)
-                    kind[i], doc_id[i] = s.kind, d
-                    fact_id[i] = fact_of[d]
+                    kind[i], doc_id[i], fact_id[i] = s.kind, d, f
                     n_doc_tokens[i] = len(doc_tokens[d]) + 2
             windows.flush()
             hashes = window_hashes(windows)
