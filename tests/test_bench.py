@@ -52,3 +52,49 @@ def test_gpu_check_cpu_fallback(tmp_path: Path) -> None:
     for key in ("train_tokens_per_s", "feat_tokens_per_s", "mfu", "peak_measured_flops"):
         assert res[key] > 0 and math.isfinite(res[key])
     assert res["feat_dims"] == 7 * 2 * 16
+
+
+def test_flop_model_matches_the_documented_shapes() -> None:
+    from plantbench.bench_gradients import DEFAULT_MODEL, flops_per_window
+
+    paper = {**DEFAULT_MODEL, "n_layer": 12, "n_embd": 768, "n_head": 12, "intermediate": 2048}
+    f = flops_per_window(paper, 32768, 1024, 14, 13)
+    assert f["P"] == 84_934_656 and f["D"] == 15_288  # workflow/presets/paper.yaml
+    held = (f["exact"] + f["dense"]) / f["logra"]
+    assert 5.5 < held < 6.0  # the module docstring's 5.8x: below 10x on flops
+    d = flops_per_window(DEFAULT_MODEL, 4096, 128, 8, 8)
+    assert d["P"] == 1_048_576 and d["D"] == 1792 and d["signs"] == d["P"] * d["D"]
+    assert 5.2 < (d["exact"] + d["dense"]) / d["logra"] < 5.4
+    assert 1.3 < (d["exact"] + d["kron"]) / d["logra"] < 1.5
+
+
+def test_feature_rows_account_generation_and_compare_each_baseline(monkeypatch) -> None:
+    from plantbench import bench_gradients as bg
+
+    base = {"params": 10, "linear_params": 1000, "dims": 64}
+    fake = {
+        "logra": {"seconds": 2.0, "peak_mb": 10.0},
+        "kron": {"seconds": 1.0, "peak_mb": 40.0, "build_seconds": 0.1, "rel_diff": 1e-7},
+        "dense": {
+            "grad_seconds": 1.0, "proj_seconds": 3.0, "gen_seconds": 2.5, "matmul_seconds": 0.4,
+            "held_matmul_seconds": 1.0, "held_block_mb": 1.0, "peak_mb": 80.0, "norm_ratio": 1.0,
+        },
+    }  # fmt: skip
+
+    def child(job: dict) -> dict:
+        wide = job["model"]["n_embd"] == 2 * bg.DEFAULT_MODEL["n_embd"]
+        res = {**base, **fake[job["kind"]]}
+        return {**res, "linear_params": 4000, "peak_mb": 12.0} if wide else res
+
+    monkeypatch.setattr(bg, "_run_child", child)
+    rows = bg.run_benchmark(model=dict(bg.DEFAULT_MODEL), windows=64, exact_windows=8)
+    by = {(r["stage"], r["what"]): r for r in rows}
+    assert by[("logra", "windows/s vs exact+kron")]["ratio"] == 32 / 8
+    assert by[("logra", "windows/s vs exact+dense, R regenerated per batch")]["ratio"] == 32 / 2
+    assert by[("logra", "windows/s vs exact+dense, R held")]["ratio"] == 32 / 4
+    assert by[("logra", "peak RSS increase vs exact+dense (regenerating)")]["ratio"] == 10 / 80
+    scaling = [r for r in rows if r["stage"] == "scaling"]
+    assert [r["value"] for r in scaling if "logra" in r["what"]] == [10.0, 12.0]
+    held = [r["value"] for r in scaling if "held R" in r["what"]]
+    assert held == [1000 * 64 * 4 / 2**20, 4000 * 64 * 4 / 2**20]
+    assert all(set(r) == {"stage", "what", "value", "unit", "reference", "ratio"} for r in rows)

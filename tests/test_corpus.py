@@ -278,3 +278,38 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path: Path, text_file: Path, 
     assert "\n" not in msg
     assert needle in msg and "corpus.sources.1" in msg
     assert not out.exists()
+
+
+def test_streamed_row_groups_hold_the_collected_table(
+    tmp_path: Path, text_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run` writes the corpus a row group at a time; with a tiny row-group size the file has
+    many row groups and still holds exactly `collect`'s table, and `iter_texts` gives each
+    split's texts in corpus order."""
+    import pyarrow.parquet as pq
+
+    cfg = make_cfg([{"kind": "text", "path": str(text_file)}])
+    one = corpus.run(cfg, tmp_path / "one")
+    monkeypatch.setattr(corpus, "ROW_GROUP_BYTES", 1000)
+    many = corpus.run(cfg, tmp_path / "many")
+    assert pq.ParquetFile(tmp_path / "one" / corpus.CORPUS_FILE).num_row_groups == 1
+    assert pq.ParquetFile(tmp_path / "many" / corpus.CORPUS_FILE).num_row_groups > 5
+    expected = corpus.collect(cfg)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "many" / corpus.CORPUS_FILE), expected)
+    assert many["info"] == one["info"]
+    assert one["info"]["n_train"] == (expected["split"] == "train").sum()
+    for split in corpus.SPLITS:
+        got = [
+            t for batch in corpus.iter_texts(tmp_path / "many", split, batch_rows=5) for t in batch
+        ]
+        assert got == expected.loc[expected["split"] == split, "text"].tolist()
+
+
+def test_jsonl_is_read_line_by_line_with_file_offsets_in_errors(tmp_path: Path) -> None:
+    p = tmp_path / "rows.jsonl"
+    good = json.dumps({"text": "x" * 80}) + "\n"
+    p.write_bytes(
+        b"\xef\xbb\xbf" + good.encode() + b"\n" + good.encode().replace(b"xx", b"\xffx", 1)
+    )
+    with pytest.raises(PlantbenchError, match=f"bad byte at offset {3 + len(good) + 1 + 10}"):
+        corpus.collect(make_cfg([{"kind": "jsonl", "path": str(p)}]))

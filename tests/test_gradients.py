@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import numpy as np
@@ -18,9 +19,13 @@ from plantbench.gradients import (
     ShardWriter,
     check_blocks_nonzero,
     choose_module_dims,
+    dense_random_projection,
+    exact_grads_flat,
     exact_grads_projected,
+    example_losses,
     extract_to_shard,
     projected_grads,
+    rademacher_block,
     shard_identity,
 )
 from plantbench.modeling import block_linear_names, build_model, llama_config
@@ -93,6 +98,64 @@ def test_hook_gradient_equals_dense_projection_of_exact_gradient(model64, batch)
         model64, proj, ids, torch.ones_like(loss_mask), attn, dtype=torch.float64
     )
     assert rel(full, fast) > 1e-3
+
+
+def test_exact_flat_gradient_is_each_examples_own_weight_gradient(model64, batch):
+    ids, loss_mask, attn = batch
+    names = block_linear_names(model64)
+    flat = exact_grads_flat(model64, names, ids, loss_mask, attn)
+    weights = [dict(model64.named_modules())[n].weight for n in names]
+    assert flat.shape == (5, sum(w.numel() for w in weights))
+    for i in (1, 3):  # the padded examples, through an independent path (plain .backward())
+        model64.zero_grad()
+        loss = example_losses(model64, ids[i : i + 1], loss_mask[i : i + 1], attn[i : i + 1])
+        loss.sum().backward()
+        want = torch.cat([w.grad.reshape(-1) for w in weights])
+        assert rel(flat[i], want) < 1e-12, i
+    model64.zero_grad(set_to_none=True)
+    assert rel(flat[0], flat[2]) > 0.1  # different examples, different gradients
+
+
+def _assembled_r(seed: int, p: int, d: int, block: int) -> torch.Tensor:
+    sizes = [min(block, p - s) for s in range(0, p, block)]
+    return torch.cat([rademacher_block(seed, b, r, d, torch.float64) for b, r in enumerate(sizes)])
+
+
+def test_dense_random_projection_is_g_times_a_seeded_rademacher_matrix():
+    p, d, block = 150, 13, 32  # 4 full blocks + 22 rows; 13 bits per row: unaligned bytes
+    g = torch.randn(3, p, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    r = _assembled_r(7, p, d, block)
+    assert r.shape == (p, d)
+    assert torch.equal(r.abs(), torch.full_like(r, 1 / math.sqrt(d)))  # +-1/sqrt(D) only
+    assert abs(float(r.sign().mean())) < 0.1
+    for b in range(1, 5):  # every block from its own generator (no repeated row pattern)
+        assert not torch.equal(r[b * block : b * block + 22], r[:22]), b
+    gram = r.T @ r  # unstructured: columns nearly orthogonal, diagonal exactly P/D
+    assert torch.allclose(gram.diagonal(), torch.full((d,), p / d, dtype=torch.float64))
+    assert float((gram - torch.diag(gram.diagonal())).abs().max()) < 0.5 * p / d
+    want = g @ r
+    times: dict[str, float] = {}
+    for tile in (1, 3, 7, 32, 1000):  # the processing tile does not change the result
+        got = dense_random_projection(g, d, 7, block_rows=block, tile_rows=tile, times=times)
+        assert rel(got, want) < 1e-13, tile
+    assert times["generate"] > 0 and times["matmul"] > 0
+    # deterministic; another seed (or block size) is another matrix; fewer rows = leading rows
+    assert torch.equal(
+        dense_random_projection(g, d, 7, block_rows=block),
+        dense_random_projection(g, d, 7, block_rows=block),
+    )
+    assert rel(dense_random_projection(g, d, 8, block_rows=block), want) > 0.5
+    assert rel(dense_random_projection(g, d, 7, block_rows=block + 1), want) > 0.5
+    assert (
+        rel(dense_random_projection(g[:, :70], d, 7, block_rows=block), g[:, :70] @ r[:70]) < 1e-13
+    )
+
+
+def test_dense_random_projection_preserves_norms():
+    g = torch.randn(4, 4096, generator=torch.Generator().manual_seed(1))
+    y = dense_random_projection(g, 256, 3, block_rows=1000, tile_rows=300)
+    ratio = (y.norm(dim=1) / g.norm(dim=1)) ** 2  # E|g R|^2 = |g|^2, rel. std sqrt(2/256)
+    assert y.dtype == torch.float32 and bool(((ratio > 0.6) & (ratio < 1.4)).all()), ratio
 
 
 def test_batched_equals_one_at_a_time_with_padding(model64, batch):

@@ -30,6 +30,9 @@ def test_manifest_hashes_match_windows_and_steps(smoke_stream):
     assert (window_hashes(np.asarray(s.windows)) == s.manifest["hash"].to_numpy()).all()
     B = s.batch_windows
     assert (s.manifest["step"].to_numpy() == np.arange(len(s.manifest)) // B).all()
+    info = s.meta["info"]
+    assert info["corpus_train_tokens"] > 0 and 1.0 < info["bytes_per_token_train"] < 8.0
+    assert info["background_epochs"] >= 1
     assert np.array_equal(s.batch(3), np.asarray(s.windows[3 * B : 4 * B]))
 
 
@@ -71,6 +74,8 @@ def test_rebuilding_gives_identical_bytes(smoke_stream, tmp_path):
     after = {m: io.read_meta(p.stream(m), "stream")["hash"] for m in ("A", "B")}
     assert before == after
     assert manifest == (p.stream("A") / "manifest.parquet").read_bytes()
+    # the tokenized background was a scratch file: nothing but the two streams is left
+    assert sorted(x.name for x in p.stream("A").parent.iterdir()) == ["A", "B"]
 
 
 def test_batch_viewer_prints_hashes(smoke_stream, capsys):
@@ -93,3 +98,51 @@ def test_window_shorter_than_document_fails_before_writing(smoke_stream, tmp_pat
         stream.build(config.validate(cfg), out)
     # the existing streams were not touched
     assert before == {m: io.read_meta(out.stream(m), "stream")["hash"] for m in ("A", "B")}
+
+
+def _docs(rng: np.random.Generator, n: int) -> list[list[int]]:
+    return [rng.integers(3, 50, size=rng.integers(0, 9)).tolist() for _ in range(n)]
+
+
+def test_tokenized_documents_on_disk_equal_in_memory(tmp_path):
+    from plantbench.tokenizer import BOS_ID, EOS_ID
+
+    class Tok:  # encode_batch's interface: ids of each text, here the text itself
+        def encode_batch_fast(self, texts, add_special_tokens=False):
+            return [type("E", (), {"ids": t})() for t in texts]
+
+    docs = _docs(np.random.default_rng(0), 23)
+    batches = [docs[:5], docs[5:6], docs[6:]]
+    mem = stream.tokenize_docs(Tok(), batches, np.dtype(np.uint16))
+    disk = stream.tokenize_docs(Tok(), batches, np.dtype(np.uint16), tmp_path / "t.bin")
+    assert isinstance(disk.tokens, np.memmap) and len(disk) == len(mem) == 23
+    assert np.array_equal(mem.offsets, disk.offsets) and np.array_equal(mem.tokens, disk.tokens)
+    for i, d in enumerate(docs):
+        assert mem.tokens[mem.offsets[i] : mem.offsets[i + 1]].tolist() == [BOS_ID, *d, EOS_ID]
+
+
+def test_background_order_and_windows_follow_their_definition():
+    """The background is the documents in a seeded order per pass, concatenated, cut into
+    consecutive windows placed at the background rows (written a chunk at a time)."""
+    from plantbench.rng import rng
+
+    cfg = {"seed": 11}
+    lens = np.random.default_rng(1).integers(2, 12, size=17)
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+    docs = stream.DocTokens(np.arange(offsets[-1], dtype=np.uint16), offsets)
+    needed = 2 * docs.n_tokens + 13  # three passes, the last partial
+    ref = []
+    for epoch in range(3):
+        for i in rng(11, "background-order", epoch).permutation(len(docs)):
+            ref.extend(range(offsets[i], offsets[i + 1]))
+    got = np.concatenate(list(stream.ordered_tokens(cfg, docs, needed)))
+    assert got.tolist() == ref[:needed] and stream.passes_needed(docs, needed) == 3
+    W, rows = 5, np.array([0, 2, 3, 7, 8, 9, 12])
+    windows = np.full((13, W), 9999, dtype=np.uint16)
+    stream.fill_windows(windows, rows, stream.ordered_tokens(cfg, docs, len(rows) * W), chunk=3)
+    assert windows[rows].ravel().tolist() == ref[: len(rows) * W]
+    assert (np.delete(windows, rows, axis=0) == 9999).all()
+    with pytest.raises(ValueError, match="do not fill"):
+        stream.fill_windows(windows, rows, [np.zeros(W * len(rows) - 1, np.uint16)])
+    with pytest.raises(ConfigError, match="too small"):
+        stream.passes_needed(docs, docs.n_tokens * (stream.MAX_PASSES + 1))

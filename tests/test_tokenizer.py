@@ -80,7 +80,7 @@ def test_special_tokens_and_vocab(built) -> None:
     assert 1 not in tokenizer.encode_batch(tok, ["The river"])[0]
     assert tokenizer.encode_batch(tok, ["<|bos|>x<|eos|>"])[0][0::2] == [1, 2]
     info = json.loads((tok_dir / "meta.json").read_text())["info"]
-    assert info["vocab_size"] == VOCAB and info["bytes_per_token_heldout"] > 1.0
+    assert info["vocab_size"] == VOCAB and info["vocab_size_requested"] == VOCAB
 
 
 def test_trains_on_the_train_split_only() -> None:
@@ -150,3 +150,16 @@ def test_run_refuses_a_corpus_made_with_another_config(built, tmp_path: Path) ->
     with pytest.raises(ArtifactError, match="different seed/corpus config"):
         tokenizer.run(other, corpus_dir, tmp_path / "t")
     assert not (tmp_path / "t").exists()
+
+
+def test_training_from_batches_equals_training_from_one_table(built) -> None:
+    """The tokenizer step reads the corpus a batch at a time; the result must not depend on
+    how the texts are batched."""
+    cfg, corpus_dir, tok_dir = built
+    whole = pd.read_parquet(corpus_dir / corpus.CORPUS_FILE)
+    one = tokenizer.train(cfg, whole)
+    texts = whole.loc[whole["split"] == "train", "text"].tolist()
+    batched = tokenizer.train_batches(cfg, (texts[i : i + 7] for i in range(0, len(texts), 7)))
+    assert one.to_str() == batched.to_str()
+    saved = json.loads((tok_dir / tokenizer.TOKENIZER_JSON).read_text(encoding="utf-8"))
+    assert saved["model"] == json.loads(one.to_str())["model"]

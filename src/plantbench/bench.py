@@ -16,7 +16,10 @@ of several timed repeats.
   CPU-second of this process on both sides (process CPU time x threads), so that other
   processes sharing the cores do not bias the ratio; wall-clock rates are reported too.
 * ``features``: :func:`plantbench.bench_gradients.run_benchmark` (LoGra vs per-example full
-  gradient + dense projection, same dims, same run).
+  gradients projected to the same dims by the Kronecker-structured ``P_out kron P_in`` and by an
+  unstructured seeded Rademacher ``[P, D]`` matrix, regenerated per batch or held; LoGra's peak
+  memory at 1x and 2x width; the flop model). A LoGra row's reference is the baseline it is
+  compared with (ratio = LoGra's rate over the baseline's, or its memory over the baseline's).
 * ``scoring``: pairs/s of every enabled method on a finished study's features (model A, the
   configured tiles), when ``{results}`` holds one; and the tile engine
   (:func:`plantbench.scoring.score_tiled`, dot products of synthetic vectors read tile by tile from
@@ -420,16 +423,9 @@ def run(
             window=int(cfg["stream"]["window"]),
             repeats=2 if quick else 3,
         )
-        ex = {r["what"].split(" (")[0]: r["value"] for r in grows if r["stage"] == "exact+dense"}
         for r in grows:
-            stage = "features"
             what = f"{r['stage']}: {r['what']}"
-            ref = None
-            if r["stage"] == "logra" and r["unit"] in ("windows/s", "tokens/s"):
-                ref = ex.get(r["what"].split(" (")[0])
-            elif r["stage"] == "logra" and r["unit"] == "MiB":
-                ref = ex.get("peak RSS increase")
-            rows.append(_row(stage, what, r["value"], r["unit"], ref))
+            rows.append(_row("features", what, r["value"], r["unit"], r["reference"]))
 
     if "scoring" not in skip:
         sc = cfg["scoring"]

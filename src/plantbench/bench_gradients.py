@@ -1,38 +1,77 @@
-"""Benchmark: LoGra projected gradients vs per-example full gradients + dense projection.
+"""Benchmark: LoGra projected gradients vs per-example full gradients + a projection to the same D.
 
-Both produce the same ``[n, D]`` features (same projections; the float32 relative difference is
-reported as a check). On the default model shape (``config.yaml``'s ``model`` section, vocab 4096,
-128-token windows, eager attention, random weights and tokens: the cost does not depend on them):
+Three routes on the default model shape (``config.yaml``'s ``model`` section, vocab 4096,
+128-token windows, eager attention, random weights and tokens: the cost does not depend on them),
+all producing ``[n, D]`` features, ``D = M k_out k_in`` for the ``M`` block linears:
 
 * ``logra``: :func:`plantbench.gradients.projected_grads` on batches of windows: one forward and
   one activation-only backward per batch, hooks project inputs and output gradients.
-* ``exact+dense``: :func:`plantbench.gradients.exact_grads_projected`: one forward/backward per
-  window computing every block weight gradient, then each module's gradient multiplied by the
-  materialised ``P_out kron P_in`` (``k_out k_in x out in``). Building those matrices is a
-  one-off cost, reported on its own row and not counted in the rate. Each route is timed
-  ``repeats`` times and the best pass reported.
+* ``exact+kron``: :func:`plantbench.gradients.exact_grads_projected`: every block weight gradient
+  by a batch-1 forward/backward per window (:func:`~plantbench.gradients.exact_grads_flat`), each
+  module's block times the materialised ``P_out kron P_in``. This is LoGra's own projection
+  computed the slow way (same features; the float32 difference is the ``check`` row). Building
+  the Kronecker matrices is a one-off cost, on its own row, not in the rate.
+* ``exact+dense``: the same per-example gradients flattened to ``[n, P]`` (``P`` = weights of
+  the block linears) times an unstructured seeded Rademacher ``[P, D]`` matrix
+  (:func:`plantbench.gradients.dense_random_projection`, TRAK-style): the usual "dense
+  projection" baseline. At the default shape the matrix is 7.5 GB in float32, so it is
+  regenerated from its seed once per batch of ``exact_windows`` windows (blocks of 16,384 rows,
+  1 random bit per entry, expanded 1,024 rows at a time). Timed separately in one process: the
+  per-example gradients, the generation, and the matmuls. "Held" rates count the matmuls against
+  a 117 MB block of ``R`` kept in memory (larger than the cache, so it is streamed from memory
+  like a held matrix would be) instead of generation + in-cache matmuls.
 
-Each side runs in a fresh spawned process with a fixed thread count; peak memory is the peak
-resident set size (sampled every 2 ms) minus the resident size after the model was built.
+Every timing is the best of ``repeats`` passes (per component for ``exact+dense``, which favours
+the baseline). Each route runs in a fresh spawned process with a fixed thread count; peak memory
+is the peak resident set size (sampled every 2 ms) above the level after a one-short-window
+warm-up (which loads the code pages but allocates little), so the full-size warm-up and every
+allocation of the route count. ``scaling`` rows repeat LoGra's memory measurement at twice the
+width (``n_embd`` and ``intermediate`` doubled: ~4x the block parameters; not timed) and give
+the dense route's memory needs at both widths, computed, not measured.
 
-Scaling with the parameter count ``P`` of the block linears (``T`` tokens per window, ``k`` the
-per-side projection size, ``D = M k^2`` for ``M`` modules): LoGra costs one forward + an
-activation-only backward (``~4 T P`` flops) plus ``O(T k (i + o))`` per module for the
-projections, and its extra memory is ``O(n T M k)`` for the projected activations, independent of
-``P``. The exact route costs a full forward/backward (``~6 T P``) per window at batch 1 plus
-``2 D_m P_m`` per module for the dense projection (``2 k^2 P`` in total, i.e. linear in ``P``
-with a ``k^2`` factor; ``O(T P)`` vs ``O(k^2 P)`` means it dominates once ``k^2 > T``), and it
-must hold the dense matrices, ``k^2 P`` values (353 MB in float32 at the default shape, 22 GB at
-the 768-wide, 12-layer paper shape with 16 x 16): memory linear in ``P``. An unstructured
-(TRAK-style) projection of the whole gradient to ``D`` dims would need ``D P`` values (10 GB at
-the default shape), which is why the dense baseline here is already the Kronecker-structured one.
+Flops per window (``T`` tokens, ``P_b`` block-linear weights, ``P_h = V d`` head weights, ``A =
+12 L T^2 d`` for eager attention forward + backward, ``k_in, k_out`` per module, ``B`` windows
+per batch):
 
-Consequence: both routes are linear in ``P``, so against this (strongest) dense baseline the
-flop ratio is bounded, ``(6T + 2k^2) / 4T = 1.5 + k^2 / 2T`` (1.75 at T=128, k=8; 2.5 at k=16),
-plus what batching buys over batch-1 passes; measured 2-4x on one CPU thread. The order-of-
-magnitude gains are in memory (``k^2 P`` dense values vs ``O(n T M k)``) and against an
-unstructured projection (flop ratio ``(6T + 2D) / 4T``: 8.5x at the default shape, 9x at the
-paper shape, with a ``D x P`` matrix that cannot be held).
+* LoGra: forward + activation-only backward ``4 T (P_b + P_h) + A``, plus the hook projections
+  ``2 T sum_m (i_m k_in + o_m k_out)`` (2.6% at the default shape).
+* exact per-example gradient: ``6 T P_b + 4 T P_h + A`` (the head's weight gradient is not
+  requested), at batch 1.
+* Kronecker projection: ``2 k_out k_in P_b``; dense projection: ``2 P_b D`` per window, plus
+  ``P_b D`` random signs per batch if regenerated (``P_b D / B`` per window).
+
+Default shape (4 x 128, int 512, V 4096, T 128, D 1,792, P_b = 1.05M): LoGra 0.93 GFLOP, exact
+gradient 1.17, Kronecker projection 0.13, dense projection 3.76 GFLOP; 1.88e9 random signs per
+batch. Paper shape (``workflow/presets/paper.yaml``: 12 x 768, int 2048, V 32,768, T 1024,
+D 15,288 = 84 x 13 x 14, P_b = 84.9M): LoGra 572 GFLOP, exact gradient 741, dense projection
+2,597 GFLOP; the ``[P_b, D]`` matrix is 5.2 TB in float32.
+
+Flop-bound LoGra ratio (the speed-up if both routes ran at the same flop rate): against
+exact+kron ``(6T P_b + 4T P_h + A + 2 k_out k_in P_b) / (4T (P_b + P_h) + A + hooks)``: 1.41x at
+the default shape, 1.35x at the paper shape. Against exact+dense with a held matrix (``2 P_b D``
+in place of the Kronecker term): 5.3x default, 5.8x paper (6.0x and 7.1x with attention and the
+hooks left out). So ``>= 10x`` against a held matrix is not reachable on flops at either shape.
+A measured ratio differs from the flop bound where the routes run at different flop rates
+(batch-1 passes; ``[B, P] @ [P, D]`` matmuls bound by reading ``R`` at small ``B``, faster than
+LoGra's passes at large ``B``), and against the regenerated matrix it adds the ``P_b D`` random
+signs per batch. The ``flops`` rows give these numbers for the benchmarked shape.
+
+Measured (default shape, 1 thread on a shared 2-core AMD EPYC, noisy): LoGra 42 windows/s;
+exact+kron 1.8x slower. exact+dense at ``B = exact_windows = 8``: per window 36 ms of
+per-example gradient, 166 ms generating ``R`` and 136 ms of in-cache matmuls (143 ms against a
+held block), so LoGra is 14x faster than the regenerating route and 7.6x faster than with a held
+matrix. Both ratios fall with ``B``: at ``--exact-windows 64`` generation is 24 ms per window
+and the held matmuls 58 ms (the ``[B, P] @ [P, D]`` matmul stops being bound by reading ``R``),
+and the ratios are 4.8x (regenerated) and 3.7x (held, below the flop bound). So 10x or more was
+measured only against regeneration at a small batch. Peak RSS increase: LoGra 346 MiB at width
+128 and 420 MiB at width 256 (+21% for 4x the block parameters: activations and logits); the
+regenerating dense route 108 MiB at ``B = 8`` (568 MiB at ``B = 64``), whose ``B P_b`` gradient
+buffer and ``P_b D`` signs per batch grow 4x with the width.
+
+Memory: LoGra's extra memory is its batch's activations and logits (``O(B T (L (d + i) + V))``
+values) and ``O(B T M k)`` projected values, nothing of size ``P_b``. The dense route needs ``B
+P_b`` gradient values and either the held matrix, ``P_b D`` values (7.5 GB at the default
+shape, 30 GB at twice the width, 5.2 TB at the paper shape, in float32), or its regeneration.
 
 Run: ``python -m plantbench.bench_gradients [--threads 1] [--windows 64] [--exact-windows 8]``.
 """
@@ -41,13 +80,11 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
+from .bench import _PeakMem
 
 DEFAULT_MODEL = {
     "n_layer": 4,
@@ -57,6 +94,7 @@ DEFAULT_MODEL = {
     "tie_embeddings": True,
     "rope_theta": 10000.0,
 }
+DENSE_SEED = 3
 
 
 def _model_section(config_path: str | Path | None) -> dict[str, Any]:
@@ -70,89 +108,180 @@ def _model_section(config_path: str | Path | None) -> dict[str, Any]:
     return dict(yaml.safe_load(Path(config_path).read_text())["model"])
 
 
-class _PeakRSS:
-    def __init__(self, interval: float = 0.002):
-        self.proc = psutil.Process(os.getpid())
-        self.interval = interval
-        self.base = self.proc.memory_info().rss
-        self.peak = self.base
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
+def doubled_width(mcfg: dict[str, Any]) -> dict[str, Any]:
+    """The model section at twice the width (``n_embd`` and ``intermediate`` doubled, same
+    heads and layers): ~4x the block-linear parameters."""
+    return {
+        **mcfg,
+        "n_embd": 2 * int(mcfg["n_embd"]),
+        "intermediate": 2 * int(mcfg["intermediate"]),
+    }
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            time.sleep(self.interval)
 
-    def __enter__(self) -> _PeakRSS:
-        self._t.start()
-        return self
+def flops_per_window(
+    mcfg: dict[str, Any], vocab: int, window: int, k_in: int, k_out: int
+) -> dict[str, float]:
+    """Flop model of the module docstring for a Llama block stack (q, k, v, o, gate, up, down):
+    per window ``logra``, ``exact`` (per-example gradient), ``kron`` and ``dense`` (projection
+    matmuls), and ``signs`` (random values of ``R`` per batch); ``P`` and ``D``."""
+    L, d, i, T = int(mcfg["n_layer"]), int(mcfg["n_embd"]), int(mcfg["intermediate"]), window
+    shapes = [(d, d)] * 4 + [(d, i)] * 2 + [(i, d)]  # (in, out) per module of one layer
+    p_b = L * sum(a * b for a, b in shapes)
+    p_h = vocab * d
+    m = 7 * L
+    dims = m * k_in * k_out
+    attn = 12 * L * T * T * d
+    hooks = 2 * T * L * sum(a * k_in + b * k_out for a, b in shapes) + 2 * T * dims
+    return {
+        "P": p_b,
+        "D": dims,
+        "logra": 4 * T * (p_b + p_h) + attn + hooks,
+        "exact": 6 * T * p_b + 4 * T * p_h + attn,
+        "kron": 2 * k_in * k_out * p_b,
+        "dense": 2 * p_b * dims,
+        "signs": p_b * dims,
+    }
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
 
-    @property
-    def delta_mb(self) -> float:
-        return (self.peak - self.base) / 2**20
+def _small(ids: Any, mask: Any) -> tuple[Any, Any]:
+    """One short window: a warm-up before the memory baseline that loads the code paths
+    (file-backed pages of the torch libraries count in the resident size) but allocates little."""
+    return ids[:1, :8], mask[:1, :8]
+
+
+def _best(f: Any, reps: int) -> tuple[float, Any]:
+    """Best wall time of ``reps`` calls of ``f()``, and the last result."""
+    times, res = [], None
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        res = f()
+        times.append(time.perf_counter() - t0)
+    return min(times), res
+
+
+def _logra(job: dict[str, Any], model: Any, proj: Any, ids: Any, mask: Any) -> dict[str, Any]:
+    from .gradients import projected_grads
+
+    n, b = len(ids), job["batch"]
+
+    def one_pass() -> None:
+        for s in range(0, n, b):
+            projected_grads(model, proj, ids[s : s + b], mask[s : s + b])
+
+    projected_grads(model, proj, *_small(ids, mask))
+    with _PeakMem() as mem:
+        projected_grads(model, proj, ids[:b], mask[:b])  # full-size warm-up
+        seconds, _ = _best(one_pass, job["repeats"])
+    return {"seconds": seconds, "peak_mb": mem.rss_mb}
+
+
+def _kron(job: dict[str, Any], model: Any, proj: Any, ids: Any, mask: Any) -> dict[str, Any]:
+    import torch
+
+    from .gradients import dense_projections, exact_grads_projected, projected_grads
+
+    exact_grads_projected(model, proj, *_small(ids, mask), dtype=torch.float32)
+    with _PeakMem() as mem:
+        t0 = time.perf_counter()
+        kw = {"dtype": torch.float32, "dense": dense_projections(proj, torch.float32)}
+        build = time.perf_counter() - t0
+        exact_grads_projected(model, proj, ids[:1], mask[:1], **kw)  # full-size warm-up
+        seconds, ref = _best(
+            lambda: exact_grads_projected(model, proj, ids, mask, **kw), job["repeats"]
+        )
+    fast = projected_grads(model, proj, ids, mask)
+    rel = float((fast - ref).norm() / ref.norm())
+    return {"seconds": seconds, "peak_mb": mem.rss_mb, "build_seconds": build, "rel_diff": rel}
+
+
+def _dense(job: dict[str, Any], model: Any, proj: Any, ids: Any, mask: Any) -> dict[str, Any]:
+    import torch
+
+    from .gradients import (
+        RADEMACHER_BLOCK_ROWS,
+        dense_random_projection,
+        exact_grads_flat,
+        rademacher_block,
+    )
+
+    names, dims, reps = proj.module_names, proj.dims, job["repeats"]
+    grad_s, proj_s, gen_s, mm_s = [], [], [], []
+    small = exact_grads_flat(model, names, *_small(ids, mask), dtype=torch.float32)
+    dense_random_projection(small[:, :4096], dims, DENSE_SEED)
+    with _PeakMem() as mem:
+        exact_grads_flat(model, names, ids[:1], mask[:1], dtype=torch.float32)  # full-size warm-up
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            flat = exact_grads_flat(model, names, ids, mask, dtype=torch.float32)
+            t1 = time.perf_counter()
+            times: dict[str, float] = {}
+            feats = dense_random_projection(flat, dims, DENSE_SEED, times=times)
+            grad_s.append(t1 - t0)
+            proj_s.append(time.perf_counter() - t1)
+            gen_s.append(times["generate"])
+            mm_s.append(times["matmul"])
+    p = flat.shape[1]
+    held = rademacher_block(DENSE_SEED, 0, min(RADEMACHER_BLOCK_ROWS, p), dims)
+
+    def held_matmul() -> Any:
+        out = torch.zeros(len(ids), dims)
+        for s in range(0, p, len(held)):
+            out.addmm_(flat[:, s : s + len(held)], held[: min(len(held), p - s)])
+        return out
+
+    held_s, _ = _best(held_matmul, reps)
+    return {
+        "grad_seconds": min(grad_s),
+        "proj_seconds": min(proj_s),
+        "gen_seconds": min(gen_s),
+        "matmul_seconds": min(mm_s),
+        "held_matmul_seconds": held_s,
+        "held_block_mb": held.numel() * 4 / 2**20,
+        "peak_mb": mem.rss_mb,
+        "norm_ratio": float(feats.norm() / flat.norm()),
+    }
 
 
 def _child(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from .gradients import Projector, dense_projections, exact_grads_projected, projected_grads
+    from .gradients import Projector
     from .modeling import build_model, llama_config
 
     torch.set_num_threads(job["threads"])
     cfg = llama_config(job["model"], job["vocab"], job["window"], bos=0, eos=1, pad=2, attn="eager")
     model = build_model(cfg, 0).eval()
     proj = Projector.from_model(model, seed=1, k_in=job["k_in"], k_out=job["k_out"])
-    n_block = sum(p.numel() for n, p in model.named_parameters() if ".layers." in n)
+    mods = dict(model.named_modules())
     g = torch.Generator().manual_seed(2)
-    n = job["n"]
-    ids = torch.randint(3, job["vocab"], (n, job["window"]), generator=g)
+    ids = torch.randint(3, job["vocab"], (job["n"], job["window"]), generator=g)
     mask = torch.ones_like(ids, dtype=torch.bool)
-    out: dict[str, Any] = {
+    route = {"logra": _logra, "kron": _kron, "dense": _dense}[job["kind"]]
+    return {
         "params": sum(p.numel() for p in model.parameters()),
-        "block_params": n_block,
+        "linear_params": sum(mods[n].weight.numel() for n in proj.module_names),
         "dims": proj.dims,
+        **route(job, model, proj, ids, mask),
     }
-    reps = job["repeats"]
-    if job["kind"] == "logra":
-        b = job["batch"]
-        projected_grads(model, proj, ids[:b], mask[:b])  # warm-up (allocator, projections)
-        times = []
-        with _PeakRSS() as mem:
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                for s in range(0, n, b):
-                    projected_grads(model, proj, ids[s : s + b], mask[s : s + b])
-                times.append(time.perf_counter() - t0)
-        out["seconds"] = min(times)
-        out["peak_mb"] = mem.delta_mb
-    else:
-        times = []
-        with _PeakRSS() as mem:
-            t0 = time.perf_counter()
-            dense = dense_projections(proj, torch.float32)
-            out["build_seconds"] = time.perf_counter() - t0
-            kw = {"dtype": torch.float32, "dense": dense}
-            exact_grads_projected(model, proj, ids[:1], mask[:1], **kw)  # warm-up
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                ref = exact_grads_projected(model, proj, ids, mask, **kw)
-                times.append(time.perf_counter() - t0)
-        out["seconds"] = min(times)
-        out["peak_mb"] = mem.delta_mb
-        fast = projected_grads(model, proj, ids, mask)
-        out["rel_diff"] = float((fast - ref).norm() / ref.norm())
-    return out
 
 
 def _run_child(job: dict[str, Any]) -> dict[str, Any]:
     with mp.get_context("spawn").Pool(1) as pool:
         return pool.apply(_child, (job,))
+
+
+def _row(
+    stage: str, what: str, value: float, unit: str, reference: float | None = None
+) -> dict[str, Any]:
+    ratio = None if not reference else value / reference
+    return {
+        "stage": stage,
+        "what": what,
+        "value": value,
+        "unit": unit,
+        "reference": reference,
+        "ratio": ratio,
+    }
 
 
 def run_benchmark(
@@ -169,8 +298,9 @@ def run_benchmark(
     config_path: str | Path | None = None,
     repeats: int = 3,
 ) -> list[dict[str, Any]]:
-    """Time both routes; rows ``{stage, what, value, unit, ratio}`` (ratio = LoGra's advantage:
-    baseline time or memory over LoGra's, on the LoGra rows). Rates are the best of
+    """Time the three routes; rows ``{stage, what, value, unit, reference, ratio}`` with
+    ``ratio = value / reference`` where a row compares with another measurement (LoGra's rate
+    over a baseline's: LoGra's speed-up; LoGra's memory over a baseline's). Rates are the best of
     ``repeats`` timed passes (the machine may be shared); memory is the peak over all of them."""
     mcfg = model if model is not None else _model_section(config_path)
     common = dict(
@@ -178,34 +308,128 @@ def run_benchmark(
         repeats=repeats,
     )  # fmt: skip
     lg = _run_child({**common, "kind": "logra", "n": windows, "batch": batch})
-    ex = _run_child({**common, "kind": "exact", "n": exact_windows})
-    lg_wps = windows / lg["seconds"]
-    ex_wps = exact_windows / ex["seconds"]
+    kr = _run_child({**common, "kind": "kron", "n": exact_windows})
+    de = _run_child({**common, "kind": "dense", "n": exact_windows})
+    wide = doubled_width(mcfg)
+    lg2 = _run_child(
+        {**common, "model": wide, "kind": "logra", "n": batch, "batch": batch, "repeats": 1}
+    )
+    return (
+        _setup_rows(mcfg, vocab, window, k_in, k_out, threads, lg)
+        + _route_rows(lg, kr, de, windows, exact_windows, batch, window)
+        + _scaling_rows(mcfg, wide, lg, lg2, exact_windows, batch)
+        + _flop_rows(mcfg, vocab, window, k_in, k_out, exact_windows)
+        + [
+            _row("check", "float32 |logra - exact+kron| / |exact+kron|", kr["rel_diff"], ""),
+            _row("check", "exact+dense |G R| / |G| (norm kept: ~1)", de["norm_ratio"], ""),
+        ]
+    )
+
+
+def _setup_rows(
+    mcfg: dict[str, Any],
+    vocab: int,
+    window: int,
+    k_in: int,
+    k_out: int,
+    threads: int,
+    lg: dict[str, Any],
+) -> list[dict[str, Any]]:
     shape = (
         f"{mcfg['n_layer']}L x {mcfg['n_embd']} (int {mcfg['intermediate']}), vocab {vocab}, "
-        f"T={window}, {lg['params'] / 1e6:.2f}M params ({lg['block_params'] / 1e6:.2f}M in block "
-        f"linears), D={lg['dims']} ({k_out}x{k_in}/module), threads={threads}"
+        f"T={window}, {lg['params'] / 1e6:.2f}M params ({lg['linear_params'] / 1e6:.2f}M in "
+        f"block linears = P), D={lg['dims']} ({k_out}x{k_in}/module), threads={threads}"
     )
-    rows = [
-        {"stage": "setup", "what": shape, "value": lg["params"], "unit": "params", "ratio": None},
-        {"stage": "logra", "what": f"windows/s (batch {batch}, {windows} windows)",
-         "value": lg_wps, "unit": "windows/s", "ratio": lg_wps / ex_wps},
-        {"stage": "logra", "what": "tokens/s", "value": lg_wps * window, "unit": "tokens/s",
-         "ratio": lg_wps / ex_wps},
-        {"stage": "logra", "what": "peak RSS increase", "value": lg["peak_mb"], "unit": "MiB",
-         "ratio": ex["peak_mb"] / max(lg["peak_mb"], 1e-9)},
-        {"stage": "exact+dense", "what": f"windows/s (per-example, {exact_windows} windows)",
-         "value": ex_wps, "unit": "windows/s", "ratio": 1.0},
-        {"stage": "exact+dense", "what": "tokens/s", "value": ex_wps * window, "unit": "tokens/s",
-         "ratio": 1.0},
-        {"stage": "exact+dense", "what": "peak RSS increase (incl. dense matrices)",
-         "value": ex["peak_mb"], "unit": "MiB", "ratio": 1.0},
-        {"stage": "exact+dense", "what": "one-off dense matrix build", "value":
-         ex["build_seconds"], "unit": "s", "ratio": None},
-        {"stage": "check", "what": "float32 |logra - exact| / |exact|", "value": ex["rel_diff"],
-         "unit": "", "ratio": None},
+    return [_row("setup", shape, lg["params"], "params")]
+
+
+def _route_rows(
+    lg: dict[str, Any],
+    kr: dict[str, Any],
+    de: dict[str, Any],
+    windows: int,
+    n: int,
+    batch: int,
+    window: int,
+) -> list[dict[str, Any]]:
+    lg_wps = windows / lg["seconds"]
+    kr_wps = n / kr["seconds"]
+    regen_wps = n / (de["grad_seconds"] + de["proj_seconds"])
+    held_wps = n / (de["grad_seconds"] + de["held_matmul_seconds"])
+    held_gb = lg["linear_params"] * lg["dims"] * 4 / 1e9
+    per_win = {
+        k: de[k] / n
+        for k in ("grad_seconds", "gen_seconds", "matmul_seconds", "held_matmul_seconds")
+    }
+    return [
+        _row("logra", f"windows/s (batch {batch}, {windows} windows)", lg_wps, "windows/s"),
+        _row("logra", "tokens/s", lg_wps * window, "tokens/s"),
+        _row("logra", "windows/s vs exact+kron", lg_wps, "windows/s", kr_wps),
+        _row("logra", "windows/s vs exact+dense, R regenerated per batch", lg_wps, "windows/s",
+             regen_wps),
+        _row("logra", "windows/s vs exact+dense, R held", lg_wps, "windows/s", held_wps),
+        _row("logra", "peak RSS increase", lg["peak_mb"], "MiB"),
+        _row("logra", "peak RSS increase vs exact+kron", lg["peak_mb"], "MiB", kr["peak_mb"]),
+        _row("logra", "peak RSS increase vs exact+dense (regenerating)", lg["peak_mb"], "MiB",
+             de["peak_mb"]),
+        _row("exact+kron", f"windows/s (per-example, {n} windows)", kr_wps, "windows/s"),
+        _row("exact+kron", "tokens/s", kr_wps * window, "tokens/s"),
+        _row("exact+kron", "peak RSS increase (incl. Kronecker matrices)", kr["peak_mb"], "MiB"),
+        _row("exact+kron", "one-off Kronecker matrix build", kr["build_seconds"], "s"),
+        _row("exact+dense", "per-example gradients, s per window", per_win["grad_seconds"], "s"),
+        _row("exact+dense", f"generating R, s per window (P*D signs per {n} windows)",
+             per_win["gen_seconds"], "s"),
+        _row("exact+dense", "matmuls with in-cache R tiles, s per window",
+             per_win["matmul_seconds"], "s"),
+        _row("exact+dense", f"matmuls with a held {de['held_block_mb']:.0f} MiB R block, s per "
+             "window", per_win["held_matmul_seconds"], "s"),
+        _row("exact+dense", f"windows/s (R regenerated per batch of {n})", regen_wps, "windows/s"),
+        _row("exact+dense", "tokens/s (R regenerated)", regen_wps * window, "tokens/s"),
+        _row("exact+dense", f"windows/s excluding generation (R held: {held_gb:.1f} GB fp32)",
+             held_wps, "windows/s"),
+        _row("exact+dense", "tokens/s (R held)", held_wps * window, "tokens/s"),
+        _row("exact+dense", f"peak RSS increase (regenerating, batch {n})", de["peak_mb"], "MiB"),
     ]  # fmt: skip
+
+
+def _scaling_rows(
+    mcfg: dict[str, Any],
+    wide: dict[str, Any],
+    lg: dict[str, Any],
+    lg2: dict[str, Any],
+    n: int,
+    batch: int,
+) -> list[dict[str, Any]]:
+    rows = []
+    for cfg, res in ((mcfg, lg), (wide, lg2)):
+        tag = f"width {cfg['n_embd']} (P={res['linear_params'] / 1e6:.2f}M)"
+        grads, held = n * res["linear_params"] * 4, res["linear_params"] * res["dims"] * 4
+        ref = lg["peak_mb"] if res is lg2 else None
+        rows += [
+            _row("scaling", f"logra peak RSS increase, batch {batch}, {tag}, measured",
+                 res["peak_mb"], "MiB", ref),
+            _row("scaling", f"exact+dense gradient buffer n*P*4 (n={n}), {tag}, computed",
+                 grads / 2**20, "MiB"),
+            _row("scaling", f"exact+dense held R P*D*4 ({held / 1e9:.1f} GB), {tag}, computed",
+                 held / 2**20, "MiB"),
+        ]  # fmt: skip
     return rows
+
+
+def _flop_rows(
+    mcfg: dict[str, Any], vocab: int, window: int, k_in: int, k_out: int, n: int
+) -> list[dict[str, Any]]:
+    f = flops_per_window(mcfg, vocab, window, k_in, k_out)
+    kron = (f["exact"] + f["kron"]) / f["logra"]
+    held = (f["exact"] + f["dense"]) / f["logra"]
+    return [
+        _row("flops", "per window: logra (fwd + activation backward + hooks)", f["logra"], "FLOP"),
+        _row("flops", "per window: exact per-example gradient", f["exact"], "FLOP"),
+        _row("flops", "per window: dense projection 2*P*D", f["dense"], "FLOP"),
+        _row("flops", f"random signs of R per batch of {n} (P*D)", f["signs"], "values"),
+        _row("flops", "flop-bound logra ratio vs exact+kron, computed", kron, "x"),
+        _row("flops", "flop-bound logra ratio vs exact+dense, R held, computed", held, "x"),
+    ]
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
@@ -213,8 +437,8 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         v = r["value"]
         val = f"{v:.4g}" if isinstance(v, float) else str(v)
-        ratio = "" if r["ratio"] is None else f"  (x{r['ratio']:.2f})"
-        lines.append(f"{r['stage']:<12} {r['what']:<48} {val:>10} {r['unit']}{ratio}")
+        ratio = "" if r["ratio"] is None else f"  (x{r['ratio']:.3g} of {r['reference']:.4g})"
+        lines.append(f"{r['stage']:<12} {r['what']:<66} {val:>10} {r['unit']}{ratio}")
     return "\n".join(lines)
 
 
@@ -222,7 +446,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--windows", type=int, default=64)
-    ap.add_argument("--exact-windows", type=int, default=8)
+    ap.add_argument("--exact-windows", type=int, default=8, help="per-example batch (and R reuse)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--k", type=int, default=8, help="k_in = k_out per module")
     ap.add_argument("--width", type=int, default=None, help="override n_embd (scaling runs)")

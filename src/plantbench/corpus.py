@@ -63,10 +63,11 @@ from typing import Any
 
 import pandas as pd
 
+from . import io
 from .config import config_hash
-from .errors import PlantbenchError
+from .errors import ArtifactError, PlantbenchError
 from .hashing import hash_bytes
-from .io import META, write_meta, write_parquet
+from .io import META, write_meta
 from .rng import derive_seed
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ COLUMNS = ["doc_id", "source", "kind", "text", "split"]
 KINDS = ("code", "prose")
 SPLITS = ("train", "heldout")
 DEFAULT_FIELD = "text"
+ROW_GROUP_BYTES = 128 * 2**20  # characters of text per parquet row group of corpus.parquet
 
 # More than this share of control / replacement characters marks text as binary.
 MAX_CONTROL_RATIO = 0.10
@@ -246,15 +248,51 @@ def _text_source(index: int, src: dict[str, Any], max_chars: int) -> Iterator[Ra
         raise _err(index, src, "every .txt file is empty; add text or fix the path")
 
 
+def _jsonl_lines(
+    index: int, src: dict[str, Any], path: Path, label: str
+) -> Iterator[tuple[int, str]]:
+    """Non-blank lines of a JSON-lines file, read a line at a time (a file may be larger than
+    memory), with the checks of :func:`_read_text_file` applied per line."""
+    offset = 0
+    nonblank = False
+    with open(path, "rb") as fh:
+        for lineno, data in enumerate(fh, start=1):
+            if lineno == 1 and data.startswith(b"\xef\xbb\xbf"):
+                data, offset = data[3:], 3
+            if b"\x00" in data:
+                raise _err(
+                    index,
+                    src,
+                    f"file '{label}' is binary (NUL bytes); remove it or convert it to text",
+                )
+            try:
+                line = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _err(
+                    index,
+                    src,
+                    f"file '{label}' is not UTF-8 (bad byte at offset {offset + exc.start}); "
+                    "re-encode it as UTF-8",
+                ) from None
+            offset += len(data)
+            if not line.strip():
+                continue
+            if looks_binary(line):
+                raise _err(
+                    index,
+                    src,
+                    f"file '{label}' looks binary (control characters); remove it from the source",
+                )
+            nonblank = True
+            yield lineno, line
+    if not nonblank:
+        raise _err(index, src, f"file '{label}' is empty; give one JSON object per line")
+
+
 def _jsonl_source(index: int, src: dict[str, Any]) -> Iterator[Raw]:
     key = src.get("field", DEFAULT_FIELD)
     for path, label in _files(index, src, ".jsonl"):
-        text = _read_text_file(index, src, path, label)
-        if text is None:
-            raise _err(index, src, f"file '{label}' is empty; give one JSON object per line")
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
+        for lineno, line in _jsonl_lines(index, src, path, label):
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -557,32 +595,73 @@ def split_of(seed: int, text_hash: str, heldout_fraction: float) -> str:
     return "heldout" if h < heldout_fraction * _SEED_RANGE else "train"
 
 
-def collect(cfg: dict[str, Any]) -> pd.DataFrame:
-    """Read every source in ``cfg["corpus"]`` and return the document table (see module doc)."""
-    df, _ = _collect(cfg)
-    return df
+class _Collection:
+    """Running totals of one collection pass: per-source stats, per split/kind counts and
+    bytes, the duplicate filter (one xxh3 per kept document; the texts themselves are not
+    kept) and whether ``max_bytes`` stopped it."""
+
+    def __init__(self, sources: list[dict[str, Any]]):
+        self.sources = sources
+        self.stats = [_SourceStats(i, s["kind"], s.get("path")) for i, s in enumerate(sources)]
+        self.skipped = _Skipped()
+        self.seen: set[str] = set()
+        self.total = 0
+        self.full = False
+        self.counts = {name: 0 for name in (*SPLITS, *KINDS)}
+        self.nbytes = {name: 0 for name in (*SPLITS, *KINDS)}
+
+    def add(self, kind: str, split: str, n_bytes: int) -> None:
+        self.total += n_bytes
+        for name in (kind, split):
+            self.counts[name] += 1
+            self.nbytes[name] += n_bytes
+
+    @property
+    def n_docs(self) -> int:
+        return sum(self.counts[k] for k in KINDS)
+
+    def check(self, frac: float) -> None:
+        """The corpus must have documents in both splits."""
+        if not self.n_docs:
+            raise PlantbenchError(
+                "corpus: no documents were collected; check corpus.sources and corpus.max_bytes"
+            )
+        for split in SPLITS:
+            if not self.counts[split]:
+                raise PlantbenchError(
+                    f"corpus: the '{split}' split is empty ({self.n_docs} documents, "
+                    f"heldout_fraction={frac}); add more text to corpus.sources or change "
+                    "corpus.heldout_fraction"
+                )
+
+    def info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"n_docs": self.n_docs, "bytes": self.total}
+        for name in (*SPLITS, *KINDS):
+            info[f"n_{name}"] = self.counts[name]
+            info[f"{name}_bytes"] = self.nbytes[name]
+        info["max_bytes_reached"] = self.full
+        info["sources"] = [s.as_dict() for s in self.stats if s.reached]
+        if any(s["kind"] == "stdlib" for s in self.sources):
+            info["python_version"] = ".".join(str(v) for v in sys.version_info[:3])
+            info["stdlib_files_skipped"] = self.skipped.files
+        return info
 
 
-def _collect(cfg: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, Any]]:
+# A corpus row without its doc_id: (source, kind, text, split).
+Row = tuple[str, str, str, str]
+
+
+def _documents(cfg: dict[str, Any], col: _Collection) -> Iterator[Row]:
+    """Every kept document in collection order (see the module doc), one at a time."""
     c = cfg["corpus"]
     seed = int(cfg["seed"])
     min_chars, max_chars = int(c["min_doc_chars"]), int(c["max_doc_chars"])
     max_bytes = int(c["max_bytes"])
     frac = float(c["heldout_fraction"])
-    sources = list(c["sources"])
-    _check_paths(sources)
-
-    t0 = time.perf_counter()
-    seen: set[str] = set()
-    rows: list[tuple[str, str, str, str]] = []
-    total = 0
-    full = False
-    stats = [_SourceStats(i, s["kind"], s.get("path")) for i, s in enumerate(sources)]
-    skipped = _Skipped()
-    for i, src in enumerate(sources):
-        st = stats[i]
+    for i, src in enumerate(col.sources):
+        st = col.stats[i]
         st.reached = True
-        for label, kind, raw in _raw_docs(i, src, max_chars, skipped):
+        for label, kind, raw in _raw_docs(i, src, max_chars, col.skipped):
             if looks_binary(raw):
                 st.dropped_binary += 1
                 continue
@@ -594,22 +673,18 @@ def _collect(cfg: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, Any]]:
                     continue
                 data = piece.encode("utf-8")
                 h = hash_bytes(data)
-                if h in seen:
+                if h in col.seen:
                     st.dropped_duplicate += 1
                     continue
-                if max_bytes and total + len(data) > max_bytes:
-                    full = True
-                    break
-                seen.add(h)
-                total += len(data)
+                if max_bytes and col.total + len(data) > max_bytes:
+                    col.full = True
+                    return
+                col.seen.add(h)
+                split = split_of(seed, h, frac)
+                col.add(kind, split, len(data))
                 st.docs += 1
                 st.bytes += len(data)
-                name = f"{label}#{k}" if len(pieces) > 1 else label
-                rows.append((name, kind, piece, split_of(seed, h, frac)))
-            if full:
-                break
-        if full:
-            break
+                yield (f"{label}#{k}" if len(pieces) > 1 else label), kind, piece, split
         st.complete = True
         if st.docs == 0:
             raise _err(
@@ -621,69 +696,127 @@ def _collect(cfg: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, Any]]:
             )
         log.info("corpus source %d (%s): %d docs, %.2f MB", i, src["kind"], st.docs, st.bytes / 1e6)
 
-    df = pd.DataFrame(rows, columns=["source", "kind", "text", "split"])
-    df.insert(0, "doc_id", [f"C{i:07d}" for i in range(len(df))])
-    df = df[COLUMNS].astype(str)
-    if not len(df):
-        raise PlantbenchError(
-            "corpus: no documents were collected; check corpus.sources and corpus.max_bytes"
-        )
-    counts = df["split"].value_counts()
-    for split in SPLITS:
-        if not counts.get(split, 0):
-            raise PlantbenchError(
-                f"corpus: the '{split}' split is empty ({len(df)} documents, "
-                f"heldout_fraction={frac}); add more text to corpus.sources or change "
-                "corpus.heldout_fraction"
-            )
-    elapsed = time.perf_counter() - t0
+
+def _doc_id(i: int) -> str:
+    return f"C{i:07d}"
+
+
+def _log_done(col: _Collection, t0: float) -> None:
     log.info(
         "corpus: %d docs, %.2f MB in %.1f s%s",
-        len(df),
-        total / 1e6,
-        elapsed,
-        " (stopped at corpus.max_bytes)" if full else "",
+        col.n_docs,
+        col.total / 1e6,
+        time.perf_counter() - t0,
+        " (stopped at corpus.max_bytes)" if col.full else "",
     )
-    info = _info(df, stats, full, skipped, sources)
-    return df, info
 
 
-def _info(
-    df: pd.DataFrame,
-    stats: list[_SourceStats],
-    full: bool,
-    skipped: _Skipped,
-    sources: list[dict[str, Any]],
-) -> dict[str, Any]:
-    nbytes = df["text"].map(lambda t: len(t.encode("utf-8")))
-    info: dict[str, Any] = {"n_docs": int(len(df)), "bytes": int(nbytes.sum())}
-    for split in SPLITS:
-        sel = df["split"] == split
-        info[f"n_{split}"] = int(sel.sum())
-        info[f"{split}_bytes"] = int(nbytes[sel].sum())
-    for kind in KINDS:
-        sel = df["kind"] == kind
-        info[f"n_{kind}"] = int(sel.sum())
-        info[f"{kind}_bytes"] = int(nbytes[sel].sum())
-    info["max_bytes_reached"] = full
-    info["sources"] = [s.as_dict() for s in stats if s.reached]
-    if any(s["kind"] == "stdlib" for s in sources):
-        info["python_version"] = ".".join(str(v) for v in sys.version_info[:3])
-        info["stdlib_files_skipped"] = skipped.files
-    return info
+def collect(cfg: dict[str, Any]) -> pd.DataFrame:
+    """Read every source in ``cfg["corpus"]`` and return the document table (see module doc).
+    Holds the whole corpus in memory: for tests and small corpora; ``run`` streams."""
+    sources = list(cfg["corpus"]["sources"])
+    _check_paths(sources)
+    t0 = time.perf_counter()
+    col = _Collection(sources)
+    rows = list(_documents(cfg, col))
+    col.check(float(cfg["corpus"]["heldout_fraction"]))
+    _log_done(col, t0)
+    df = pd.DataFrame(rows, columns=["source", "kind", "text", "split"])
+    df.insert(0, "doc_id", [_doc_id(i) for i in range(len(df))])
+    return df[COLUMNS].astype(str)
+
+
+class _RowGroups:
+    """Corpus rows into a parquet file, a row group per ``ROW_GROUP_BYTES`` characters of text,
+    doc ids numbered in order. The bytes equal ``io.write_parquet`` of the same table when it
+    fits one row group."""
+
+    def __init__(self, path: Path):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self._pa = pa
+        self.schema = pa.schema([(name, pa.string()) for name in COLUMNS])
+        self.writer = pq.ParquetWriter(
+            path, self.schema, compression="zstd", write_statistics=False, store_schema=False
+        )
+        self.buf: list[Row] = []
+        self.size = 0
+        self.written = 0
+
+    def add(self, row: Row) -> None:
+        self.buf.append(row)
+        self.size += len(row[2])
+        if self.size >= ROW_GROUP_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.buf:
+            return
+        pa = self._pa
+        ids = [_doc_id(i) for i in range(self.written, self.written + len(self.buf))]
+        arrays = [pa.array(ids, pa.string())]
+        arrays += [pa.array(c, pa.string()) for c in zip(*self.buf, strict=True)]
+        table = pa.Table.from_arrays(arrays, schema=self.schema)
+        self.writer.write_table(table, row_group_size=len(self.buf))
+        self.written += len(self.buf)
+        self.buf, self.size = [], 0
+        log.info("corpus: %d docs written", self.written)
+
+    def __enter__(self) -> _RowGroups:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.writer.close()
 
 
 def run(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
-    """Collect the corpus and write ``out_dir/corpus.parquet`` + ``meta.json``; return the meta."""
+    """Collect the corpus into ``out_dir/corpus.parquet`` + ``meta.json``; return the meta.
+
+    Documents are written as they are read, in parquet row groups of about
+    ``ROW_GROUP_BYTES`` of text, so memory does not grow with the corpus (only the duplicate
+    filter's hashes do: ~100 bytes a document). A failure leaves no new file behind."""
     out_dir = Path(out_dir)
-    df, info = _collect(cfg)  # raises before anything is written
+    sources = list(cfg["corpus"]["sources"])
+    _check_paths(sources)  # raises before anything is touched
+    t0 = time.perf_counter()
+    col = _Collection(sources)
+    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / META).unlink(missing_ok=True)  # a stale meta must never describe new files
-    write_parquet(out_dir / CORPUS_FILE, df)
+    try:
+        with io.atomic_path(out_dir / CORPUS_FILE) as tmp, _RowGroups(tmp) as writer:
+            for row in _documents(cfg, col):
+                writer.add(row)
+            col.check(float(cfg["corpus"]["heldout_fraction"]))
+            writer.flush()
+            (out_dir / META).unlink(missing_ok=True)  # a stale meta must never describe new files
+    except BaseException:
+        if created and not any(out_dir.iterdir()):
+            out_dir.rmdir()  # a failed first run leaves nothing behind
+        raise
+    _log_done(col, t0)
     return write_meta(
         out_dir,
         "corpus",
         [CORPUS_FILE],
         config_hash=config_hash(cfg, ["seed", "corpus"]),
-        info=info,
+        info=col.info(),
     )
+
+
+def iter_texts(corpus_dir: str | Path, split: str, batch_rows: int = 2048) -> Iterator[list[str]]:
+    """The texts of one split of a corpus artifact, in corpus order, a batch at a time (the
+    file is read row group by row group; memory stays at one batch)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
+    path = Path(corpus_dir) / CORPUS_FILE
+    if not path.is_file():
+        raise ArtifactError(f"missing file '{path}'; run the 'corpus' step")
+    pf = pq.ParquetFile(path)
+    for batch in pf.iter_batches(columns=["text", "split"], batch_size=batch_rows):
+        texts = batch.column(0).filter(pc.equal(batch.column(1), split)).to_pylist()
+        if texts:
+            yield texts

@@ -18,7 +18,10 @@ Layout rules (see results/README.md):
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from . import corpus as corpus_mod
 from . import io, tokenizer
 from .config import canonical_json
 from .errors import ArtifactError, ConfigError
@@ -38,6 +42,7 @@ log = logging.getLogger(__name__)
 KINDS = ("background", "planted", "distractor")
 TOKENS = "tokens.bin"
 MANIFEST = "manifest.parquet"
+MAX_PASSES = 1000  # more passes over the background corpus than this is an error
 
 
 def stream_config_hash(cfg: dict[str, Any]) -> str:
@@ -137,28 +142,115 @@ def _token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.uint32)
 
 
-def _background_tokens(
-    cfg: dict[str, Any], tok: Any, texts: list[str], needed: int, dtype: np.dtype
-) -> tuple[np.ndarray, int]:
-    """Concatenate ``<bos> doc <eos>`` of training documents (seeded order) until ``needed``
-    tokens; if the corpus is too small, start another seeded pass (an epoch) and record it.
-    Kept in the stream's token dtype (2 bytes a token below 65,536 tokens) to bound memory."""
-    out: list[np.ndarray] = []
-    have, epoch = 0, 0
-    while have < needed:
-        order = rng(cfg["seed"], "background-order", epoch).permutation(len(texts))
-        for start in range(0, len(order), 512):
-            batch = [texts[i] for i in order[start : start + 512]]
-            for ids in tokenizer.encode_batch(tok, batch):
-                arr = np.asarray([tokenizer.BOS_ID, *ids, tokenizer.EOS_ID], dtype=dtype)
-                out.append(arr)
-                have += len(arr)
+@dataclass(frozen=True)
+class DocTokens:
+    """Documents as ``<bos> ids <eos>`` runs in one flat token array (a memmap for the training
+    split, so a corpus larger than memory works): document ``i`` is
+    ``tokens[offsets[i]:offsets[i + 1]]``."""
+
+    tokens: np.ndarray
+    offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.offsets[-1])
+
+
+def tokenize_docs(
+    tok: Any, batches: Iterable[list[str]], dtype: np.dtype, path: Path | None = None
+) -> DocTokens:
+    """Tokenize documents a batch at a time into :class:`DocTokens`; with ``path`` the tokens
+    are appended to that file and memory-mapped (memory stays at one batch plus the offsets),
+    without it they are kept in memory."""
+    lengths: list[np.ndarray] = []
+    pieces: list[np.ndarray] = []
+    fh = open(path, "wb") if path is not None else None  # noqa: SIM115 (closed below)
+    try:
+        for texts in batches:
+            encoded = tokenizer.encode_batch(tok, texts)
+            lens = np.asarray([len(ids) + 2 for ids in encoded], dtype=np.int64)
+            flat = np.empty(int(lens.sum()), dtype=dtype)
+            start = 0
+            for ids, n in zip(encoded, lens.tolist(), strict=True):
+                flat[start] = tokenizer.BOS_ID
+                flat[start + 1 : start + n - 1] = ids
+                flat[start + n - 1] = tokenizer.EOS_ID
+                start += n
+            lengths.append(lens)
+            if fh is not None:
+                fh.write(flat.astype(dtype.newbyteorder("<"), copy=False).tobytes())
+            else:
+                pieces.append(flat)
+    finally:
+        if fh is not None:
+            fh.close()
+    offsets = np.zeros(sum(len(x) for x in lengths) + 1, dtype=np.int64)
+    if lengths:
+        np.cumsum(np.concatenate(lengths), out=offsets[1:])
+    if path is None:
+        tokens = np.concatenate(pieces) if pieces else np.empty(0, dtype=dtype)
+    elif offsets[-1]:
+        tokens = np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r", shape=(int(offsets[-1]),))
+    else:
+        tokens = np.empty(0, dtype=dtype)
+    return DocTokens(tokens, offsets)
+
+
+def passes_needed(docs: DocTokens, needed: int) -> int:
+    """How many seeded passes over ``docs`` supply ``needed`` tokens (the last one partial)."""
+    if needed <= 0:
+        return 0
+    if not docs.n_tokens:
+        raise ConfigError("the corpus is too small to fill the stream; add corpus sources")
+    passes = -(-needed // docs.n_tokens)
+    if passes > MAX_PASSES:
+        raise ConfigError(
+            f"the corpus is too small to fill the stream ({passes} passes over {docs.n_tokens:,} "
+            f"tokens for {needed:,}); add corpus sources"
+        )
+    return passes
+
+
+def ordered_tokens(cfg: dict[str, Any], docs: DocTokens, needed: int) -> Iterator[np.ndarray]:
+    """``needed`` tokens: the documents concatenated in a seeded order, pass after pass (each
+    pass, an epoch, has its own order), as a sequence of slices; the last is cut short."""
+    have = 0
+    for epoch in range(passes_needed(docs, needed)):
+        order = rng(cfg["seed"], "background-order", epoch).permutation(len(docs))
+        for i in order.tolist():
+            piece = docs.tokens[docs.offsets[i] : docs.offsets[i + 1]]
+            take = min(len(piece), needed - have)
+            yield piece[:take]
+            have += take
             if have >= needed:
-                break
-        epoch += 1
-        if epoch > 1000:
-            raise ConfigError("the corpus is too small to fill the stream; add corpus sources")
-    return np.concatenate(out)[:needed], epoch
+                return
+
+
+def fill_windows(
+    windows: np.ndarray, rows: np.ndarray, pieces: Iterable[np.ndarray], chunk: int = 4096
+) -> None:
+    """Cut the concatenated ``pieces`` into consecutive windows and write them to
+    ``windows[rows]`` in order, ``chunk`` windows at a time; the pieces must fill the rows."""
+    W = windows.shape[1]
+    buf = np.empty(chunk * W, dtype=windows.dtype)
+    fill = done = 0
+    for piece in pieces:
+        while len(piece):
+            n = min(len(piece), len(buf) - fill)
+            buf[fill : fill + n] = piece[:n]
+            fill += n
+            piece = piece[n:]
+            if fill == len(buf):
+                windows[rows[done : done + chunk]] = buf.reshape(chunk, W)
+                done += chunk
+                fill = 0
+    if fill % W or done + fill // W != len(rows):
+        raise ValueError(f"{done * W + fill} tokens do not fill {len(rows)} windows of {W}")
+    if fill:
+        windows[rows[done:]] = buf[:fill].reshape(-1, W)
 
 
 def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
@@ -171,7 +263,6 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
     facts = io.read_parquet(paths.facts / "facts.parquet")
     documents = io.read_parquet(paths.facts / "documents.parquet")
     distractors = io.read_parquet(paths.facts / "distractors.parquet")
-    corpus = io.read_parquet(paths.corpus / "corpus.parquet")
     tok = tokenizer.load(paths.tokenizer)
     vocab = tok.get_vocab_size()
     W = int(cfg["stream"]["window"])
@@ -195,79 +286,44 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
             "tokens with <bos>/<eos>); raise stream.window"
         )
 
-    heldout_texts = corpus.loc[corpus["split"] == "heldout", "text"].tolist()
-    train_texts = corpus.loc[corpus["split"] == "train", "text"].tolist()
-    if not heldout_texts or not train_texts:
-        raise ArtifactError(
-            f"corpus '{paths.corpus}' has no train or no held-out documents; check corpus sources"
-        )
     dtype = _token_dtype(vocab)
-    pad_stream, _ = _background_tokens(
-        cfg, tok, heldout_texts, max(4 * W, min(len(slots), 4096) * W), dtype
-    )
-    n_background = N - len(slots)
-    bg, epochs = _background_tokens(cfg, tok, train_texts, n_background * W, dtype)
-    bg = bg.reshape(n_background, W)
-    slot_at = {s.index: s for s in slots}
-
-    def doc_window(doc_id: str, index: int) -> np.ndarray:
-        body = np.asarray([tokenizer.BOS_ID, *doc_tokens[doc_id], tokenizer.EOS_ID], dtype=dtype)
-        need = W - len(body)
-        start = (index * W) % (len(pad_stream) - W)
-        return np.concatenate([body, pad_stream[start : start + need]])
-
-    inputs = {
-        "facts": facts_meta["hash"],
-        "corpus": corpus_meta["hash"],
-        "tokenizer": tok_meta["hash"],
-    }
-    metas: dict[str, dict[str, Any]] = {}
-    for model in MODELS:
-        out = paths.stream(model)
-        out.mkdir(parents=True, exist_ok=True)
-        kind = np.empty(N, dtype=object)
-        fact_id = np.empty(N, dtype=object)
-        doc_id = np.empty(N, dtype=object)
-        n_doc_tokens = np.zeros(N, dtype=np.int64)
-        # windows go straight into a memmap of the temporary file (no second copy in memory)
-        with io.atomic_path(out / TOKENS) as tmp:
-            windows = np.memmap(tmp, dtype=dtype.newbyteorder("<"), mode="w+", shape=(N, W))
-            b = 0
-            for i in range(N):
-                s = slot_at.get(i)
-                if s is None:
-                    windows[i] = bg[b]
-                    b += 1
-                    kind[i], fact_id[i], doc_id[i] = "background", "", ""
-                else:
-                    d, f = (s.doc_a, s.fact_a) if model == "A" else (s.doc_b, s.fact_b)
-                    windows[i] = doc_window(d, i)
-                    kind[i], doc_id[i], fact_id[i] = s.kind, d, f
-                    n_doc_tokens[i] = len(doc_tokens[d]) + 2
-            windows.flush()
-            hashes = window_hashes(windows)
-            del windows
-        manifest = pd.DataFrame(
-            {
-                "index": np.arange(N, dtype=np.int64),
-                "step": np.arange(N, dtype=np.int64) // B,
-                "kind": kind.astype(str),
-                "fact_id": fact_id.astype(str),
-                "doc_id": doc_id.astype(str),
-                "doc_tokens": n_doc_tokens,
-                "hash": hashes,
-            }
+    # The held-out split pads document windows (a few MB: kept in memory); the training split is
+    # the background (up to the whole corpus: tokenized once into a scratch file, memory-mapped).
+    heldout = tokenize_docs(tok, corpus_mod.iter_texts(paths.corpus, "heldout"), dtype)
+    scratch_dir = paths.stream(MODELS[0]).parent
+    scratch_dir.mkdir(parents=True, exist_ok=True)
+    fd, scratch_name = tempfile.mkstemp(dir=scratch_dir, prefix=".background.", suffix=".tmp")
+    os.close(fd)
+    scratch = Path(scratch_name)
+    try:
+        train = tokenize_docs(tok, corpus_mod.iter_texts(paths.corpus, "train"), dtype, scratch)
+        if not len(heldout) or not len(train):
+            raise ArtifactError(
+                f"corpus '{paths.corpus}' has no train or no held-out documents; "
+                "check corpus sources"
+            )
+        log.info(
+            "stream: background %d docs, %d tokens; padding %d docs (%.1fs)",
+            len(train),
+            train.n_tokens,
+            len(heldout),
+            time.time() - t0,
         )
-        io.write_parquet(out / MANIFEST, manifest)
-        counts = manifest["kind"].value_counts().to_dict()
-        metas[model] = io.write_meta(
-            out,
-            "stream",
-            [TOKENS, MANIFEST],
-            config_hash=stream_config_hash(cfg),
-            inputs=inputs,
+        pad_needed = max(4 * W, min(len(slots), 4096) * W)
+        plan = _Plan(
+            cfg=cfg,
+            slots=slots,
+            background=np.setdiff1d(np.arange(N), [s.index for s in slots]),
+            pad_stream=np.concatenate(list(ordered_tokens(cfg, heldout, pad_needed))),
+            doc_tokens=doc_tokens,
+            train=train,
+            dtype=dtype,
+            inputs={
+                "facts": facts_meta["hash"],
+                "corpus": corpus_meta["hash"],
+                "tokenizer": tok_meta["hash"],
+            },
             info={
-                "model": model,
                 "n_windows": N,
                 "window": W,
                 "batch_windows": B,
@@ -275,12 +331,102 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
                 "dtype": str(dtype),
                 "vocab_size": vocab,
                 "tokens": N * W,
-                "background_epochs": epochs,
-                "counts": {k: int(counts.get(k, 0)) for k in KINDS},
+                "background_epochs": passes_needed(train, (N - len(slots)) * W),
+                **_corpus_token_stats(corpus_meta, train, heldout),
             },
         )
-        log.info("stream %s: %s windows written (%.1fs)", model, counts, time.time() - t0)
+        metas = {model: _write_stream(plan, paths, model, t0) for model in MODELS}
+    finally:
+        scratch.unlink(missing_ok=True)
+    log.info("stream: done in %.1fs", time.time() - t0)
     return metas
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the two models' streams share."""
+
+    cfg: dict[str, Any]
+    slots: list[Slot]
+    background: np.ndarray  # rows of the background windows, ascending
+    pad_stream: np.ndarray  # held-out tokens that pad document windows
+    doc_tokens: dict[str, list[int]]  # planted and distractor documents, without <bos>/<eos>
+    train: DocTokens  # the background documents
+    dtype: np.dtype
+    inputs: dict[str, str]
+    info: dict[str, Any]
+
+
+def _corpus_token_stats(
+    corpus_meta: dict[str, Any], train: DocTokens, heldout: DocTokens
+) -> dict[str, Any]:
+    """Tokens of each corpus split (without <bos>/<eos>) and UTF-8 bytes per token."""
+    out: dict[str, Any] = {}
+    for split, docs in (("train", train), ("heldout", heldout)):
+        n_tok = docs.n_tokens - 2 * len(docs)
+        n_bytes = int(corpus_meta["info"][f"{split}_bytes"])
+        out[f"corpus_{split}_tokens"] = n_tok
+        out[f"bytes_per_token_{split}"] = round(n_bytes / n_tok, 4) if n_tok else None
+    return out
+
+
+def _write_stream(plan: _Plan, paths: Paths, model: str, t0: float) -> dict[str, Any]:
+    """One model's ``tokens.bin`` + manifest + meta: the background cut into the background
+    rows, and at each slot ``model``'s document padded with held-out text."""
+    cfg, dtype = plan.cfg, plan.dtype
+    W = int(cfg["stream"]["window"])
+    N = n_windows(cfg)
+    B = int(cfg["train"]["batch_windows"])
+    out = paths.stream(model)
+    out.mkdir(parents=True, exist_ok=True)
+    kind = np.full(N, "background", dtype=object)
+    fact_id = np.full(N, "", dtype=object)
+    doc_id = np.full(N, "", dtype=object)
+    n_doc_tokens = np.zeros(N, dtype=np.int64)
+    # windows go straight into a memmap of the temporary file (no copy of the stream in memory)
+    with io.atomic_path(out / TOKENS) as tmp:
+        windows = np.memmap(tmp, dtype=dtype.newbyteorder("<"), mode="w+", shape=(N, W))
+        fill_windows(
+            windows, plan.background, ordered_tokens(cfg, plan.train, len(plan.background) * W)
+        )
+        for s in plan.slots:
+            d, f = (s.doc_a, s.fact_a) if model == "A" else (s.doc_b, s.fact_b)
+            body = np.asarray([tokenizer.BOS_ID, *plan.doc_tokens[d], tokenizer.EOS_ID], dtype)
+            start = (s.index * W) % (len(plan.pad_stream) - W)
+            windows[s.index, : len(body)] = body
+            windows[s.index, len(body) :] = plan.pad_stream[start : start + W - len(body)]
+            kind[s.index], doc_id[s.index], fact_id[s.index] = s.kind, d, f
+            n_doc_tokens[s.index] = len(body)
+        windows.flush()
+        hashes = window_hashes(windows)
+        del windows
+    manifest = pd.DataFrame(
+        {
+            "index": np.arange(N, dtype=np.int64),
+            "step": np.arange(N, dtype=np.int64) // B,
+            "kind": kind.astype(str),
+            "fact_id": fact_id.astype(str),
+            "doc_id": doc_id.astype(str),
+            "doc_tokens": n_doc_tokens,
+            "hash": hashes,
+        }
+    )
+    io.write_parquet(out / MANIFEST, manifest)
+    counts = manifest["kind"].value_counts().to_dict()
+    meta = io.write_meta(
+        out,
+        "stream",
+        [TOKENS, MANIFEST],
+        config_hash=stream_config_hash(cfg),
+        inputs=plan.inputs,
+        info={
+            "model": model,
+            **plan.info,
+            "counts": {k: int(counts.get(k, 0)) for k in KINDS},
+        },
+    )
+    log.info("stream %s: %s windows written (%.1fs)", model, counts, time.time() - t0)
+    return meta
 
 
 @dataclass

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,17 +60,27 @@ def _check_specials(tok: Tokenizer, where: str) -> None:
 
 
 def train(cfg: dict[str, Any], corpus_df: pd.DataFrame) -> Tokenizer:
-    """Train the BPE tokenizer on the ``split == "train"`` texts of the corpus table."""
+    """Train the BPE tokenizer on the ``split == "train"`` texts of a corpus table."""
     missing = {"text", "split"} - set(corpus_df.columns)
     if missing:
         raise PlantbenchError(
             f"corpus table lacks column(s) {', '.join(sorted(missing))}; rerun the 'corpus' step"
         )
     texts = corpus_df.loc[corpus_df["split"] == "train", "text"].tolist()
-    if not texts:
-        raise PlantbenchError(
-            "corpus has no 'train' documents to train the tokenizer on; add text to corpus.sources"
-        )
+    return train_batches(cfg, [texts] if texts else [])
+
+
+def train_batches(cfg: dict[str, Any], batches: Iterable[list[str]]) -> Tokenizer:
+    """Train the BPE tokenizer on the training texts, given a batch at a time (the trainer keeps
+    word counts, never the texts, so a corpus larger than memory can be read from disk)."""
+    n_docs = 0
+
+    def texts() -> Iterator[list[str]]:
+        nonlocal n_docs
+        for batch in batches:
+            n_docs += len(batch)
+            yield batch
+
     tcfg = cfg["tokenizer"]
     trainer = trainers.BpeTrainer(
         vocab_size=int(tcfg["vocab_size"]),
@@ -81,10 +91,14 @@ def train(cfg: dict[str, Any], corpus_df: pd.DataFrame) -> Tokenizer:
     )
     tok = _untrained()
     t0 = time.perf_counter()
-    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    tok.train_from_iterator(texts(), trainer=trainer)
+    if not n_docs:
+        raise PlantbenchError(
+            "corpus has no 'train' documents to train the tokenizer on; add text to corpus.sources"
+        )
     log.info(
         "tokenizer: trained on %d docs in %.1f s, vocab %d",
-        len(texts),
+        n_docs,
         time.perf_counter() - t0,
         tok.get_vocab_size(),
     )
@@ -102,13 +116,6 @@ def train(cfg: dict[str, Any], corpus_df: pd.DataFrame) -> Tokenizer:
 def encode_batch(tok: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
     """Token ids of each text, without special tokens (parallel; no offsets are computed)."""
     return [e.ids for e in tok.encode_batch_fast(list(texts), add_special_tokens=False)]
-
-
-def _count_tokens(tok: Tokenizer, texts: list[str], chunk: int = 512) -> int:
-    n = 0
-    for i in range(0, len(texts), chunk):
-        n += sum(len(ids) for ids in encode_batch(tok, texts[i : i + chunk]))
-    return n
 
 
 def save(tok: Tokenizer, folder: Path) -> list[str]:
@@ -135,7 +142,6 @@ def save(tok: Tokenizer, folder: Path) -> list[str]:
 def run(cfg: dict[str, Any], corpus_dir: Path, out_dir: Path) -> dict[str, Any]:
     """Train on the corpus artifact in ``corpus_dir``; write the tokenizer folder ``out_dir``."""
     from . import corpus as corpus_mod
-    from .io import read_parquet
 
     corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
     corpus_meta = read_meta(corpus_dir, "corpus")
@@ -145,30 +151,12 @@ def run(cfg: dict[str, Any], corpus_dir: Path, out_dir: Path) -> dict[str, Any]:
             f"'{corpus_dir}' was made with a different seed/corpus config; "
             "rerun the 'corpus' step (snakemake --forcerun corpus)"
         )
-    df = read_parquet(corpus_dir / corpus_mod.CORPUS_FILE)
-    tok = train(cfg, df)
+    tok = train_batches(cfg, corpus_mod.iter_texts(corpus_dir, "train"))
 
-    t0 = time.perf_counter()
-    stats: dict[str, Any] = {}
-    for split in ("train", "heldout"):
-        texts = df.loc[df["split"] == split, "text"].tolist()
-        n_bytes = sum(len(t.encode("utf-8")) for t in texts)
-        n_tok = _count_tokens(tok, texts)
-        stats[f"{split}_tokens"] = n_tok
-        stats[f"{split}_bytes"] = n_bytes
-        stats[f"bytes_per_token_{split}"] = round(n_bytes / n_tok, 4) if n_tok else None
-    log.info(
-        "tokenizer: %d train tokens (%.3f bytes/token), %d heldout tokens, counted in %.1f s",
-        stats["train_tokens"],
-        stats["bytes_per_token_train"] or 0.0,
-        stats["heldout_tokens"],
-        time.perf_counter() - t0,
-    )
     info = {
         "vocab_size": tok.get_vocab_size(),
         "vocab_size_requested": int(cfg["tokenizer"]["vocab_size"]),
         "special_tokens": {PAD: PAD_ID, BOS: BOS_ID, EOS: EOS_ID},
-        **stats,
     }
     with atomic_dir(out_dir) as tmp:
         files = save(tok, tmp)

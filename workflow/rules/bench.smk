@@ -4,7 +4,6 @@
 
 
 rule bench:
-    input:
     output:
         csv=f"{R}/benchmarks/benchmarks.csv",
         profile=f"{R}/benchmarks/train_profile.txt",

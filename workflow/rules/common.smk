@@ -58,13 +58,41 @@ def bench_of(name):
     return f"{R}/benchmarks/{name}.tsv"
 
 
-def text_mem_mb(wc, attempt):
-    """Corpus and tokenizer hold the background text in memory (~3 bytes a byte of text)."""
-    return attempt * max(4000, 3 * config["corpus"]["max_bytes"] // 10**6)
+# Data steps stream the text (src/plantbench/corpus.py, tokenizer.py, stream.py): their memory
+# does not grow with the corpus except for the counts below. Rates measured on the 2-core test
+# machine (400 MB of jsonl: corpus 15 s, tokenizer 64 s, stream 95 s); runtimes in minutes.
+def _text_mb():
+    return config["corpus"]["max_bytes"] / 10**6
+
+
+def corpus_mem_mb(wc, attempt):
+    """Row groups of 128M characters (~0.7 GB peak measured) + ~150 bytes of duplicate
+    filter per document (counted at 1 kB a document)."""
+    return attempt * max(4000, int(2000 + 0.15 * _text_mb()))
+
+
+def corpus_runtime(wc, attempt):
+    return attempt * max(30, int(0.002 * _text_mb()))
+
+
+def tokenizer_mem_mb(wc, attempt):
+    """The BPE trainer's word and pair counts (0.23 GB at 100 MB, 0.34 GB at 400 MB of
+    synthetic text; real text has more distinct words): a byte per byte of text, at least 4 GB.
+    """
+    return attempt * max(4000, int(_text_mb()))
+
+
+def tokenizer_runtime(wc, attempt):
+    return attempt * max(30, int(0.004 * _text_mb()))
 
 
 def stream_mem_mb(wc, attempt):
-    """The stream step holds the background tokens (2-4 bytes a token) plus the text."""
+    """The manifest (~300 bytes a window) and the document offsets; the background tokens are
+    a memory-mapped scratch file and the windows are written through a memmap."""
     t = config["train"]
-    tokens = t["steps"] * t["batch_windows"] * config["stream"]["window"]
-    return attempt * max(8000, 4 * tokens // 10**6 + text_mem_mb(wc, 1))
+    windows = t["steps"] * t["batch_windows"]
+    return attempt * max(4000, int(2000 + 300 * windows / 10**6))
+
+
+def stream_runtime(wc, attempt):
+    return attempt * max(60, int(0.006 * _text_mb()))

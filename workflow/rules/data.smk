@@ -38,8 +38,8 @@ rule corpus:
         "../../envs/plantbench.yaml"
     threads: 1
     resources:
-        mem_mb=text_mem_mb,
-        runtime=30,
+        mem_mb=corpus_mem_mb,
+        runtime=corpus_runtime,
     params:
         config=CONFIG_JSON,
         sections=sections("seed", "corpus"),
@@ -58,15 +58,15 @@ rule tokenizer:
         bench_of("tokenizer")
     conda:
         "../../envs/plantbench.yaml"
-    threads: 1
+    threads: config["train"]["threads"]  # the tokenizers library encodes in parallel
     resources:
-        mem_mb=text_mem_mb,
-        runtime=30,
+        mem_mb=tokenizer_mem_mb,
+        runtime=tokenizer_runtime,
     params:
         config=CONFIG_JSON,
         sections=sections("seed", "corpus", "tokenizer"),
     shell:
-        "plantbench tokenizer -c {params.config} 2> {log}"
+        "RAYON_NUM_THREADS={threads} plantbench tokenizer -c {params.config} 2> {log}"
 
 
 rule stream:
@@ -84,12 +84,12 @@ rule stream:
         bench_of("stream")
     conda:
         "../../envs/plantbench.yaml"
-    threads: 1
+    threads: config["train"]["threads"]
     resources:
         mem_mb=stream_mem_mb,
-        runtime=60,
+        runtime=stream_runtime,
     params:
         config=CONFIG_JSON,
         sections=sections("seed", "facts", "corpus", "tokenizer", "stream", "train"),
     shell:
-        "plantbench stream -c {params.config} 2> {log}"
+        "RAYON_NUM_THREADS={threads} plantbench stream -c {params.config} 2> {log}"
