@@ -313,3 +313,20 @@ def test_jsonl_is_read_line_by_line_with_file_offsets_in_errors(tmp_path: Path) 
     )
     with pytest.raises(PlantbenchError, match=f"bad byte at offset {3 + len(good) + 1 + 10}"):
         corpus.collect(make_cfg([{"kind": "jsonl", "path": str(p)}]))
+
+
+def test_seeded_sample_of_a_split_is_order_and_batch_independent(
+    tmp_path: Path, text_file: Path
+) -> None:
+    cfg = make_cfg([{"kind": "text", "path": str(text_file)}])
+    corpus.run(cfg, tmp_path / "c")
+
+    def texts(**kw) -> list[str]:
+        return [t for batch in corpus.iter_texts(tmp_path / "c", "train", **kw) for t in batch]
+
+    everything = texts()
+    half = texts(sample=(5, 0.5))
+    assert half == texts(sample=(5, 0.5), batch_rows=3)  # same documents, however read
+    assert 0.3 * len(everything) < len(half) < 0.7 * len(everything)
+    assert [t for t in everything if t in set(half)] == half  # a subset, in corpus order
+    assert half != texts(sample=(6, 0.5)) and texts(sample=(5, 1.0)) == everything

@@ -163,3 +163,13 @@ def test_training_from_batches_equals_training_from_one_table(built) -> None:
     assert one.to_str() == batched.to_str()
     saved = json.loads((tok_dir / tokenizer.TOKENIZER_JSON).read_text(encoding="utf-8"))
     assert saved["model"] == json.loads(one.to_str())["model"]
+
+
+def test_max_train_bytes_trains_on_a_seeded_sample(built, tmp_path: Path) -> None:
+    cfg, corpus_dir, tok_dir = built
+    capped = {**cfg, "tokenizer": {**cfg["tokenizer"], "max_train_bytes": 20_000}}
+    meta = tokenizer.run(capped, corpus_dir, tmp_path / "a")
+    again = tokenizer.run(capped, corpus_dir, tmp_path / "b")
+    full = json.loads((tok_dir / "meta.json").read_text())
+    assert 0 < meta["info"]["train_fraction"] < 0.5 and full["info"]["train_fraction"] == 1.0
+    assert meta["hash"] == again["hash"] != full["hash"]

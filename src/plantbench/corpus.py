@@ -804,9 +804,18 @@ def run(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     )
 
 
-def iter_texts(corpus_dir: str | Path, split: str, batch_rows: int = 2048) -> Iterator[list[str]]:
+def iter_texts(
+    corpus_dir: str | Path,
+    split: str,
+    batch_rows: int = 2048,
+    *,
+    sample: tuple[int, float] | None = None,
+) -> Iterator[list[str]]:
     """The texts of one split of a corpus artifact, in corpus order, a batch at a time (the
-    file is read row group by row group; memory stays at one batch)."""
+    file is read row group by row group; memory stays at one batch). ``sample = (seed,
+    fraction)`` keeps a document when ``derive_seed(seed, "sample", doc_id)`` falls below that
+    fraction of the seed range: a seeded sample that does not depend on the other documents."""
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -816,7 +825,13 @@ def iter_texts(corpus_dir: str | Path, split: str, batch_rows: int = 2048) -> It
     if not path.is_file():
         raise ArtifactError(f"missing file '{path}'; run the 'corpus' step")
     pf = pq.ParquetFile(path)
-    for batch in pf.iter_batches(columns=["text", "split"], batch_size=batch_rows):
-        texts = batch.column(0).filter(pc.equal(batch.column(1), split)).to_pylist()
+    for batch in pf.iter_batches(columns=["doc_id", "text", "split"], batch_size=batch_rows):
+        keep = pc.equal(batch.column(2), split)
+        if sample is not None:
+            seed, fraction = sample
+            cut = fraction * _SEED_RANGE
+            chosen = [derive_seed(seed, "sample", d) < cut for d in batch.column(0).to_pylist()]
+            keep = pc.and_(keep, pa.array(chosen))
+        texts = batch.column(1).filter(keep).to_pylist()
         if texts:
             yield texts

@@ -151,7 +151,9 @@ def plan(cfg: dict[str, Any], query_tokens: int = 32) -> list[Stage]:
     out.append(
         Stage("corpus", 1, f"collect up to {_si(corpus_bytes)}B of text", disk_bytes=corpus_bytes)
     )
-    out.append(Stage("tokenizer", 1, f"BPE {s.vocab:,} on the corpus", disk_bytes=5e6))
+    cap = float(cfg["tokenizer"].get("max_train_bytes", 0))
+    on = f"a {_si(cap)}B sample" if cap and cap < corpus_bytes else "the corpus"
+    out.append(Stage("tokenizer", 1, f"BPE {s.vocab:,} on {on}", disk_bytes=5e6))
     out.append(
         Stage(
             "stream",

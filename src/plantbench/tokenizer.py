@@ -151,9 +151,20 @@ def run(cfg: dict[str, Any], corpus_dir: Path, out_dir: Path) -> dict[str, Any]:
             f"'{corpus_dir}' was made with a different seed/corpus config; "
             "rerun the 'corpus' step (snakemake --forcerun corpus)"
         )
-    tok = train_batches(cfg, corpus_mod.iter_texts(corpus_dir, "train"))
+    cap = int(cfg["tokenizer"].get("max_train_bytes", 0))
+    train_bytes = int(corpus_meta["info"]["train_bytes"])
+    fraction = min(1.0, cap / train_bytes) if cap and train_bytes else 1.0
+    sample = None if fraction >= 1.0 else (int(cfg["seed"]), fraction)
+    if sample is not None:
+        log.info(
+            "tokenizer: training on a seeded %.2f%% sample of the train split (max_train_bytes=%d)",
+            100 * fraction,
+            cap,
+        )
+    tok = train_batches(cfg, corpus_mod.iter_texts(corpus_dir, "train", sample=sample))
 
     info = {
+        "train_fraction": round(fraction, 6),
         "vocab_size": tok.get_vocab_size(),
         "vocab_size_requested": int(cfg["tokenizer"]["vocab_size"]),
         "special_tokens": {PAD: PAD_ID, BOS: BOS_ID, EOS: EOS_ID},

@@ -75,15 +75,22 @@ def corpus_runtime(wc, attempt):
     return attempt * max(30, int(0.002 * _text_mb()))
 
 
+def _tokenizer_mb():
+    """Text the tokenizer trains on: the corpus, or the sample tokenizer.max_train_bytes."""
+    cap = config["tokenizer"].get("max_train_bytes", 0) / 10**6
+    return min(_text_mb(), cap) if cap else _text_mb()
+
+
 def tokenizer_mem_mb(wc, attempt):
     """The BPE trainer's word and pair counts (0.23 GB at 100 MB, 0.34 GB at 400 MB of
     synthetic text; real text has more distinct words): a byte per byte of text, at least 4 GB.
     """
-    return attempt * max(4000, int(_text_mb()))
+    return attempt * max(4000, int(_tokenizer_mb()))
 
 
 def tokenizer_runtime(wc, attempt):
-    return attempt * max(30, int(0.004 * _text_mb()))
+    # training on the sample, plus reading the whole corpus file to draw it
+    return attempt * max(30, int(0.004 * _tokenizer_mb() + 0.0005 * _text_mb()))
 
 
 def stream_mem_mb(wc, attempt):
