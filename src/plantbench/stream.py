@@ -12,7 +12,12 @@ Layout rules (see results/README.md):
   fixed offset that depends only on the window index, so A and B pad identically wherever they
   read the same document.
 - Every other window is background: ``<bos> doc <eos>`` training documents concatenated in a
-  seeded order and cut into consecutive windows (both models read the same background).
+  seeded order and cut into consecutive windows (both models read the same background). When
+  the stream is longer than the train split, another pass follows in a new seeded order.
+
+Memory: the train split is tokenized once, a batch at a time, into a scratch file next to the
+streams (removed afterwards) that is read through a memmap, and the windows are written
+through a memmap; only the held-out padding and the manifest columns are held in memory.
 """
 
 from __future__ import annotations
