@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 KINDS = ("background", "planted", "distractor")
 TOKENS = "tokens.bin"
 MANIFEST = "manifest.parquet"
+PROGRESS_EVERY = 256  # batches of documents between progress lines
 MAX_PASSES = 1000  # more passes over the background corpus than this is an error
 
 
@@ -185,6 +186,12 @@ def tokenize_docs(
                 flat[start + n - 1] = tokenizer.EOS_ID
                 start += n
             lengths.append(lens)
+            if len(lengths) % PROGRESS_EVERY == 0:
+                log.info(
+                    "stream: tokenized %d docs, %d tokens",
+                    sum(len(x) for x in lengths),
+                    sum(int(x.sum()) for x in lengths),
+                )
             if fh is not None:
                 fh.write(flat.astype(dtype.newbyteorder("<"), copy=False).tobytes())
             else:

@@ -77,8 +77,10 @@ def train_batches(cfg: dict[str, Any], batches: Iterable[list[str]]) -> Tokenize
 
     def texts() -> Iterator[list[str]]:
         nonlocal n_docs
-        for batch in batches:
+        for i, batch in enumerate(batches, start=1):
             n_docs += len(batch)
+            if i % 256 == 0:
+                log.info("tokenizer: read %d docs", n_docs)
             yield batch
 
     tcfg = cfg["tokenizer"]
