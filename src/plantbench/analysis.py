@@ -305,19 +305,8 @@ def own_ranks(own: pd.DataFrame, where: str = "own.parquet") -> np.ndarray:
     isnan = np.isnan(score)
     key = np.where(isnan, 0.0, -score)
     order = np.lexsort((key, isnan, qcode))
-    q = qcode[order]
-    nan_s = isnan[order]
-    k_s = key[order]
-    pos = np.arange(n)
-    new_q = np.ones(n, dtype=bool)
-    new_q[1:] = q[1:] != q[:-1]
-    new_tie = new_q.copy()
-    new_tie[1:] |= (nan_s[1:] != nan_s[:-1]) | (k_s[1:] != k_s[:-1])
-    q_start = pos[new_q][np.cumsum(new_q) - 1]
-    tie_start = pos[new_tie][np.cumsum(new_tie) - 1]
-    tie_id = np.cumsum(new_tie) - 1
-    tie_size = np.bincount(tie_id)[tie_id]
-    j = pos - q_start  # own windows ranked before this one (ties in row order)
+    q_start, _, tie_start, tie_size = metrics.sorted_runs(qcode[order], isnan[order], key[order])
+    j = np.arange(n) - q_start  # own windows ranked before this one (ties in row order)
     own_greater = tie_start - q_start
     own_tied = tie_size - 1
     n_greater = own["n_greater"].to_numpy(dtype=np.int64)[order]

@@ -249,6 +249,29 @@ def _cell_codes(df: pd.DataFrame, cell_col: str | Sequence[str]) -> np.ndarray:
     return df.groupby(cols, sort=True).ngroup().to_numpy(dtype=np.int64)
 
 
+def sorted_runs(
+    groups: np.ndarray, *keys: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For rows sorted by group, then by ``keys``: per row, the position where its group
+    starts, the group's size, the position where its tie (same group, equal keys) starts and
+    the tie's size."""
+    n = len(groups)
+    pos = np.arange(n)
+    new_group = np.ones(n, dtype=bool)
+    new_group[1:] = groups[1:] != groups[:-1]
+    new_tie = new_group.copy()
+    for k in keys:
+        new_tie[1:] |= k[1:] != k[:-1]
+    group_id = np.cumsum(new_group) - 1
+    tie_id = np.cumsum(new_tie) - 1
+    return (
+        pos[new_group][group_id],
+        np.bincount(group_id)[group_id],
+        pos[new_tie][tie_id],
+        np.bincount(tie_id)[tie_id],
+    )
+
+
 def centred_ranks(codes: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Within-cell average ranks, centred and scaled by (n - 1); see the module docstring.
 
@@ -265,21 +288,8 @@ def centred_ranks(codes: np.ndarray, values: np.ndarray) -> np.ndarray:
     if n == 0:
         return out
     order = np.lexsort((values, codes))
-    c = codes[order]
-    v = values[order]
-    pos = np.arange(n)
-    new_cell = np.ones(n, dtype=bool)
-    new_cell[1:] = c[1:] != c[:-1]
-    new_tie = new_cell.copy()
-    new_tie[1:] |= v[1:] != v[:-1]
-    tie_start = pos[new_tie]
-    tie_end = np.append(tie_start[1:], n) - 1
-    tie_mid = (tie_start + tie_end) / 2.0
-    cell_start = pos[new_cell]
-    cell_size = np.diff(np.append(cell_start, n))
-    cell_id = np.cumsum(new_cell) - 1
-    rank = tie_mid[np.cumsum(new_tie) - 1] - cell_start[cell_id] + 1.0
-    size = cell_size[cell_id]
+    cell_start, size, tie_start, tie_size = sorted_runs(codes[order], values[order])
+    rank = tie_start + (tie_size - 1) / 2.0 - cell_start + 1.0
     centred = rank - (size + 1) / 2.0
     out[order] = np.where(size > 1, centred / np.maximum(size - 1, 1), 0.0)
     return out
