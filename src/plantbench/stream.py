@@ -17,13 +17,15 @@ Layout rules (see results/README.md):
 
 Memory: the train split is tokenized once, a batch at a time, into a scratch file next to the
 streams (removed afterwards) that is read through a memmap, and the windows are written
-through a memmap; only the held-out padding and the manifest columns are held in memory.
+through a memmap; only the held-out padding and the manifest columns are held in memory. The
+background is cut once: model B's windows start as a copy of A's and only its slots are rewritten.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -173,6 +175,7 @@ def tokenize_docs(
     without it they are kept in memory."""
     lengths: list[np.ndarray] = []
     pieces: list[np.ndarray] = []
+    n_docs = n_tok = 0
     fh = open(path, "wb") if path is not None else None  # noqa: SIM115 (closed below)
     try:
         for texts in batches:
@@ -186,12 +189,9 @@ def tokenize_docs(
                 flat[start + n - 1] = tokenizer.EOS_ID
                 start += n
             lengths.append(lens)
+            n_docs, n_tok = n_docs + len(lens), n_tok + len(flat)
             if len(lengths) % PROGRESS_EVERY == 0:
-                log.info(
-                    "stream: tokenized %d docs, %d tokens",
-                    sum(len(x) for x in lengths),
-                    sum(int(x.sum()) for x in lengths),
-                )
+                log.info("stream: tokenized %d docs, %d tokens", n_docs, n_tok)
             if fh is not None:
                 fh.write(flat.astype(dtype.newbyteorder("<"), copy=False).tobytes())
             else:
@@ -199,13 +199,13 @@ def tokenize_docs(
     finally:
         if fh is not None:
             fh.close()
-    offsets = np.zeros(sum(len(x) for x in lengths) + 1, dtype=np.int64)
+    offsets = np.zeros(n_docs + 1, dtype=np.int64)
     if lengths:
         np.cumsum(np.concatenate(lengths), out=offsets[1:])
     if path is None:
         tokens = np.concatenate(pieces) if pieces else np.empty(0, dtype=dtype)
-    elif offsets[-1]:
-        tokens = np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r", shape=(int(offsets[-1]),))
+    elif n_tok:
+        tokens = np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r", shape=(n_tok,))
     else:
         tokens = np.empty(0, dtype=dtype)
     return DocTokens(tokens, offsets)
@@ -322,10 +322,11 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
             time.time() - t0,
         )
         pad_needed = max(4 * W, min(len(slots), 4096) * W)
+        background = np.setdiff1d(np.arange(N), [s.index for s in slots])
         plan = _Plan(
             cfg=cfg,
             slots=slots,
-            background=np.setdiff1d(np.arange(N), [s.index for s in slots]),
+            background=background,
             pad_stream=np.concatenate(list(ordered_tokens(cfg, heldout, pad_needed))),
             doc_tokens=doc_tokens,
             train=train,
@@ -343,11 +344,14 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
                 "dtype": str(dtype),
                 "vocab_size": vocab,
                 "tokens": N * W,
-                "background_epochs": passes_needed(train, (N - len(slots)) * W),
+                "background_epochs": passes_needed(train, len(background) * W),
                 **_corpus_token_stats(corpus_meta, train, heldout),
             },
         )
-        metas = {model: _write_stream(plan, paths, model, t0) for model in MODELS}
+        first, *rest = MODELS
+        metas = {first: _write_stream(plan, paths, first, t0)}
+        for model in rest:  # same background: copy the first stream, rewrite the slots
+            metas[model] = _write_stream(plan, paths, model, t0, like=paths.stream(first) / TOKENS)
     finally:
         scratch.unlink(missing_ok=True)
     log.info("stream: done in %.1fs", time.time() - t0)
@@ -382,9 +386,12 @@ def _corpus_token_stats(
     return out
 
 
-def _write_stream(plan: _Plan, paths: Paths, model: str, t0: float) -> dict[str, Any]:
+def _write_stream(
+    plan: _Plan, paths: Paths, model: str, t0: float, like: Path | None = None
+) -> dict[str, Any]:
     """One model's ``tokens.bin`` + manifest + meta: the background cut into the background
-    rows, and at each slot ``model``'s document padded with held-out text."""
+    rows (or copied from ``like``, another model's finished ``tokens.bin``: the background is
+    the same), and at each slot ``model``'s document padded with held-out text."""
     cfg, dtype = plan.cfg, plan.dtype
     W = int(cfg["stream"]["window"])
     N = n_windows(cfg)
@@ -397,10 +404,14 @@ def _write_stream(plan: _Plan, paths: Paths, model: str, t0: float) -> dict[str,
     n_doc_tokens = np.zeros(N, dtype=np.int64)
     # windows go straight into a memmap of the temporary file (no copy of the stream in memory)
     with io.atomic_path(out / TOKENS) as tmp:
-        windows = np.memmap(tmp, dtype=dtype.newbyteorder("<"), mode="w+", shape=(N, W))
-        fill_windows(
-            windows, plan.background, ordered_tokens(cfg, plan.train, len(plan.background) * W)
-        )
+        if like is None:
+            windows = np.memmap(tmp, dtype=dtype.newbyteorder("<"), mode="w+", shape=(N, W))
+            fill_windows(
+                windows, plan.background, ordered_tokens(cfg, plan.train, len(plan.background) * W)
+            )
+        else:
+            shutil.copyfile(like, tmp)
+            windows = np.memmap(tmp, dtype=dtype.newbyteorder("<"), mode="r+", shape=(N, W))
         for s in plan.slots:
             d, f = (s.doc_a, s.fact_a) if model == "A" else (s.doc_b, s.fact_b)
             body = np.asarray([tokenizer.BOS_ID, *plan.doc_tokens[d], tokenizer.EOS_ID], dtype)
