@@ -589,10 +589,15 @@ def _check_paths(sources: list[dict[str, Any]]) -> None:
             raise _err(i, src, "path does not exist; fix 'path' to point to a local file or folder")
 
 
+def seeded_draw(seed: int, tag: str, key: str, fraction: float) -> bool:
+    """True for a seeded ``fraction`` of keys: ``derive_seed(seed, tag, key)`` falls below that
+    fraction of the seed range (a function of the key alone, not of any other key)."""
+    return derive_seed(seed, tag, key) < fraction * _SEED_RANGE
+
+
 def split_of(seed: int, text_hash: str, heldout_fraction: float) -> str:
     """``heldout`` or ``train``: a function of the document's own hash and the seed only."""
-    h = derive_seed(seed, "corpus-split", text_hash)
-    return "heldout" if h < heldout_fraction * _SEED_RANGE else "train"
+    return "heldout" if seeded_draw(seed, "corpus-split", text_hash, heldout_fraction) else "train"
 
 
 class _Collection:
@@ -813,8 +818,8 @@ def iter_texts(
 ) -> Iterator[list[str]]:
     """The texts of one split of a corpus artifact, in corpus order, a batch at a time (the
     file is read row group by row group; memory stays at one batch). ``sample = (seed,
-    fraction)`` keeps a document when ``derive_seed(seed, "sample", doc_id)`` falls below that
-    fraction of the seed range: a seeded sample that does not depend on the other documents."""
+    fraction)`` keeps a document when ``seeded_draw(seed, "sample", doc_id, fraction)``: a seeded
+    sample that does not depend on the other documents."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -829,9 +834,8 @@ def iter_texts(
         keep = pc.equal(batch.column(2), split)
         if sample is not None:
             seed, fraction = sample
-            cut = fraction * _SEED_RANGE
-            chosen = [derive_seed(seed, "sample", d) < cut for d in batch.column(0).to_pylist()]
-            keep = pc.and_(keep, pa.array(chosen))
+            ids = batch.column(0).to_pylist()
+            keep = pc.and_(keep, pa.array([seeded_draw(seed, "sample", d, fraction) for d in ids]))
         texts = batch.column(1).filter(keep).to_pylist()
         if texts:
             yield texts
