@@ -79,12 +79,11 @@ Run: ``python -m plantbench.bench_gradients [--threads 1] [--windows 64] [--exac
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import time
 from pathlib import Path
 from typing import Any
 
-from .bench import _PeakMem
+from .bench import _PeakMem, _spawn
 
 DEFAULT_MODEL = {
     "n_layer": 4,
@@ -124,10 +123,13 @@ def flops_per_window(
     """Flop model of the module docstring for a Llama block stack (q, k, v, o, gate, up, down):
     per window ``logra``, ``exact`` (per-example gradient), ``kron`` and ``dense`` (projection
     matmuls), and ``signs`` (random values of ``R`` per batch); ``P`` and ``D``."""
+    from .plan import Shape
+
     L, d, i, T = int(mcfg["n_layer"]), int(mcfg["n_embd"]), int(mcfg["intermediate"]), window
+    shape = Shape(L, d, i, vocab, T)
     shapes = [(d, d)] * 4 + [(d, i)] * 2 + [(i, d)]  # (in, out) per module of one layer
-    p_b = L * sum(a * b for a, b in shapes)
-    p_h = vocab * d
+    p_b = shape.block_linear_params
+    p_h = shape.matmul_params - p_b
     m = 7 * L
     dims = m * k_in * k_out
     attn = 12 * L * T * T * d
@@ -266,8 +268,7 @@ def _child(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_child(job: dict[str, Any]) -> dict[str, Any]:
-    with mp.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_child, (job,))
+    return _spawn(_child, job)
 
 
 def _row(
