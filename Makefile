@@ -32,5 +32,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix src tests
 	$(BIN)/snakefmt Snakefile workflow/rules
 
+# everything the runs wrote under results/; the committed README.md and reference/ stay
 clean-results:
-	rm -rf results/*/ .snakemake/incomplete
+	[ ! -d results ] || find results -mindepth 1 -maxdepth 1 ! -name README.md ! -name reference -exec rm -rf {} +
+	rm -rf .snakemake/incomplete

@@ -20,6 +20,7 @@ import pytest
 
 from plantbench import analysis, cli, config, io, metrics
 from plantbench.errors import ArtifactError
+from plantbench.methods import registry
 from plantbench.paths import MODELS, Paths
 
 NAN = float("nan")
@@ -94,6 +95,7 @@ def write_scores(
         config_hash="test",
         inputs={"pool": pool_hash},
         info={"method": method, "model": model},
+        code={"method": registry.code_hash(method)} if method in registry.available() else None,
     )
 
 

@@ -83,3 +83,84 @@ def test_cli_bad_config_exits_2_without_output(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "train.steps" in err[0]
     assert not out.exists()
+
+
+def test_the_reference_study_hashes_are_unchanged():
+    """Optional keys (e.g. stream.max_background_passes) stay out of config.yaml, so the study
+    hashes that select results/reference/*.json do not move."""
+    import json
+
+    for name, files in (
+        ("default", ["config.yaml"]),
+        ("smoke", ["config.yaml", "tests/smoke/config.yaml"]),
+    ):
+        ref = json.loads((ROOT / "results" / "reference" / f"{name}.json").read_text())
+        cfg = config.load([ROOT / f for f in files], {"results": "unused-results"})
+        assert config.study_hash(cfg) == ref["study_hash"], name
+
+
+@pytest.mark.parametrize(("steps", "every"), [(1200, 300), (120, 40), (100, 30), (5, 10), (7, 7)])
+def test_n_checkpoints_counts_what_pretraining_saves(steps, every):
+    from plantbench.pretrain import checkpoint_steps
+
+    t = {"steps": steps, "checkpoint_every_steps": every}
+    assert config.n_checkpoints(t) == len(checkpoint_steps(t))
+
+
+@pytest.mark.parametrize(
+    ("text", "integer"),
+    [
+        ("3e-3", False),
+        ("1e4", False),
+        ("5E-2", False),
+        ("-1e-3", False),
+        ("2.5e2", False),
+        ("1.2e3", True),
+    ],
+)
+def test_the_yaml_spelling_hint_reads_back_as_the_same_number(text, integer):
+    import yaml
+
+    spelled = config._yaml_spelling(text, integer)
+    assert isinstance(yaml.safe_load(text), str)  # the gotcha itself
+    back = yaml.safe_load(spelled)
+    assert isinstance(back, int if integer else float) and back == float(text)
+
+
+def test_results_location_refuses_nesting_only_of_runs(tmp_path, monkeypatch):
+    """The repository layout (results/README.md, results/reference/) is not a run; once a run
+    writes results/config.json, a results folder below it is refused, named relatively."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results" / "reference").mkdir(parents=True)
+    (tmp_path / "results" / "README.md").write_text("# results\n")
+    (tmp_path / "results" / "reference" / "default.json").write_text('{"study_hash": "x"}')
+    config.check_results_location("results")
+    config.check_results_location("results/smoke")
+    run = {"results": "results", "seed": 1, "facts": {}, "train": {}}
+    (tmp_path / "results" / "config.json").write_text(json.dumps(run))
+    with pytest.raises(ConfigError) as err:
+        config.check_results_location("results/smoke")
+    assert "results folder of another run ('results')" in str(err.value)
+    assert str(tmp_path) not in str(err.value)
+    (tmp_path / "results" / "smoke").mkdir()
+    (tmp_path / "results" / "smoke" / "config.json").write_text(
+        json.dumps(run | {"results": "results/smoke"})
+    )
+    with pytest.raises(
+        ConfigError, match=r"holds the results folder of another run \('results/smoke'\)"
+    ):
+        config.check_results_location("results")
+
+
+def test_a_plugin_may_bind_score_any_top_level_way(tmp_path):
+    base = config.load([ROOT / "config.yaml"], {"results": str(tmp_path / "results")})
+    for i, text in enumerate(["from math import fsum as score\n", "score = lambda c, q, p: 0\n"]):
+        f = tmp_path / f"p{i}.py"
+        f.write_text(text)
+        plugins = {"methods": {"plugins": [{"name": "mine", "path": str(f)}]}}
+        assert (
+            config.validate(config.deep_merge(base, plugins))["methods"]["plugins"][0]["name"]
+            == "mine"
+        )

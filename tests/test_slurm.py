@@ -50,7 +50,7 @@ OVERRIDE = {
     # the smoke config's oracle plug-in path is relative to the repository root, not the workdir
     "methods": {"plugins": []},
 }
-R = "results/smoke"  # tests/smoke/config.yaml's results folder, inside each workdir
+R = "tests/smoke/results"  # tests/smoke/config.yaml's results folder, inside each workdir
 ARTIFACTS = ["facts", "corpus", "tokenizer", "stream/A", "stream/B", "models/A", "models/B"]
 ARTIFACTS += ["causal"]
 RUN_TIMEOUT = 420  # seconds for one snakemake run (timeout -k 10)

@@ -20,7 +20,9 @@ from plantbench.pretrain import final_checkpoint
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def snakemake(results: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def snakemake(
+    results: Path, *extra: str, configfiles: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     cmd = [
         "timeout",
@@ -32,6 +34,7 @@ def snakemake(results: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         "profiles/local",
         "--configfile",
         "tests/smoke/config.yaml",
+        *configfiles,
         "--config",
         f"results={results}",
         *extra,
@@ -40,9 +43,21 @@ def snakemake(results: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    results = tmp_path_factory.mktemp("smoke_dag") / "results"
-    proc = snakemake(results)
+def plugin_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The oracle plug-in as a copy the tests may edit, and the config file that names it."""
+    base = tmp_path_factory.mktemp("plug ins")
+    plugin = base / "oracle_method.py"
+    plugin.write_text((ROOT / "tests" / "plugins" / "oracle_method.py").read_text())
+    cfg = base / "plugins.yaml"
+    cfg.write_text(json.dumps({"methods": {"plugins": [{"name": "oracle", "path": str(plugin)}]}}))
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory, plugin_config: Path) -> Path:
+    """The whole smoke DAG, in a results path with a space and a non-ASCII character."""
+    results = tmp_path_factory.mktemp("smoke dag") / "résults"
+    proc = snakemake(results, configfiles=(str(plugin_config),))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return results
 
@@ -98,10 +113,12 @@ def test_every_method_is_graded_and_the_oracle_plugin_is_perfect(smoke_run):
     assert "oracle" in report
 
 
-def test_changing_only_the_analysis_reruns_only_analysis_and_report(smoke_run, tmp_path):
+def test_changing_only_the_analysis_reruns_only_analysis_and_report(
+    smoke_run, plugin_config, tmp_path
+):
     override = tmp_path / "analysis.yaml"
     override.write_text("analysis:\n  bootstrap: 50\n")
-    proc = snakemake(smoke_run, "-n", "--configfile", "tests/smoke/config.yaml", str(override))
+    proc = snakemake(smoke_run, "-n", configfiles=(str(plugin_config), str(override)))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "analysis" in out and "report" in out
@@ -109,8 +126,8 @@ def test_changing_only_the_analysis_reruns_only_analysis_and_report(smoke_run, t
         assert f"rule {rule}:" not in out, out[-3000:]
 
 
-def test_rerun_is_a_no_op(smoke_run):
-    proc = snakemake(smoke_run, "-n")
+def test_rerun_is_a_no_op(smoke_run, plugin_config):
+    proc = snakemake(smoke_run, "-n", configfiles=(str(plugin_config),))
     assert proc.returncode == 0
     assert "Nothing to be done" in proc.stdout + proc.stderr
 
@@ -209,3 +226,158 @@ def test_flipped_byte_in_a_checkpoint_is_refused(smoke_run, tmp_path):
     cfg_path = tmp_path / "config.json"
     cfg_path.write_text(json.dumps(cfg))
     assert main(["causal", "-c", str(cfg_path)]) == 2  # the next reader refuses too
+
+
+# --------------------------------------------------------------------------------------------
+# Nothing silently wrong: what a job reads is what it was scheduled with
+# --------------------------------------------------------------------------------------------
+
+
+def planned_jobs(out: str) -> dict[str, int]:
+    """The 'Job stats' table of a dry run: rule -> number of jobs."""
+    lines = out.splitlines()
+    if "Job stats:" not in lines:
+        return {}
+    rows: dict[str, int] = {}
+    for line in lines[lines.index("Job stats:") + 3 :]:
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].isdigit():
+            break
+        rows[parts[0]] = int(parts[1])
+    rows.pop("total", None)
+    return rows
+
+
+def artifact_hashes(results: Path) -> dict[str, str]:
+    return {
+        meta.parent.relative_to(results).as_posix(): json.loads(meta.read_text())["hash"]
+        for meta in sorted(results.rglob("meta.json"))
+        if "/." not in f"/{meta.parent.relative_to(results).as_posix()}"
+    }
+
+
+def test_dry_run_lint_and_a_refused_call_write_nothing(tmp_path, plugin_config):
+    results = tmp_path / "run"
+    for extra in (("-n",), ("--lint",)):
+        proc = snakemake(results, *extra, configfiles=(str(plugin_config),))
+        assert proc.returncode == 0, (extra, proc.stderr[-2000:])
+        assert not results.exists(), f"{extra} wrote {sorted(results.rglob('*'))}"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("methods:\n  enabled: [no_such_method]\n")
+    proc = snakemake(results, "-n", configfiles=(str(bad),))
+    assert proc.returncode != 0
+    assert "unknown method 'no_such_method'" in proc.stdout + proc.stderr
+    assert not results.exists()
+
+
+def test_dry_run_on_a_finished_run_leaves_its_config_alone(smoke_run, plugin_config, tmp_path):
+    before = {p: p.read_bytes() for p in sorted(smoke_run.glob("**/config*.json"))}
+    before |= {p: p.read_bytes() for p in sorted((smoke_run / ".plantbench").rglob("*.json"))}
+    override = tmp_path / "other.yaml"
+    override.write_text("analysis:\n  bootstrap: 50\n")
+    proc = snakemake(smoke_run, "-n", configfiles=(str(plugin_config), str(override)))
+    assert proc.returncode == 0
+    after = {p: p.read_bytes() for p in sorted(smoke_run.glob("**/config*.json"))}
+    after |= {p: p.read_bytes() for p in sorted((smoke_run / ".plantbench").rglob("*.json"))}
+    assert after == before
+
+
+def test_changing_the_learning_rate_retrains_without_rebuilding_the_stream(
+    smoke_run, plugin_config, tmp_path
+):
+    override = tmp_path / "lr.yaml"
+    override.write_text("train:\n  lr: 2.0e-3\n")
+    proc = snakemake(smoke_run, "-n", configfiles=(str(plugin_config), str(override)))
+    jobs = planned_jobs(proc.stdout)
+    assert proc.returncode == 0 and jobs.get("pretrain") == 2, proc.stdout[-3000:]
+    for rule in ("facts", "corpus", "tokenizer", "stream", "pool", "embed"):
+        assert rule not in jobs, jobs
+
+
+def test_editing_a_plugin_reruns_exactly_its_two_score_jobs(smoke_run, plugin_config):
+    plugin = Path(json.loads(plugin_config.read_text())["methods"]["plugins"][0]["path"])
+    text, stat = plugin.read_text(), plugin.stat()
+    try:
+        plugin.write_text(text + "\n# an edit that changes the code's hash\n")
+        os.utime(plugin, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # params alone must see it
+        proc = snakemake(smoke_run, "-n", configfiles=(str(plugin_config),))
+        jobs = planned_jobs(proc.stdout)
+        assert jobs == {"score": 2, "analysis": 1, "report": 1, "all": 1}, proc.stdout[-3000:]
+        assert "score_oracle_A" in proc.stdout and "score_oracle_B" in proc.stdout
+        # a reader handed the stale scores refuses them
+        from plantbench.cli import main
+
+        run_cfg = sorted((smoke_run / ".plantbench" / "config").glob("*.json"))[0]
+        assert main(["analysis", "-c", str(run_cfg)]) == 2
+    finally:
+        plugin.write_text(text)
+        os.utime(plugin, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_adding_a_plugin_reruns_no_other_method(smoke_run, plugin_config, tmp_path):
+    cfg = json.loads(plugin_config.read_text())
+    second = tmp_path / "second_method.py"
+    second.write_text(Path(cfg["methods"]["plugins"][0]["path"]).read_text())
+    cfg["methods"]["plugins"].append({"name": "second", "path": str(second)})
+    two = tmp_path / "two_plugins.yaml"
+    two.write_text(json.dumps(cfg))
+    proc = snakemake(smoke_run, "-n", configfiles=(str(two),))
+    jobs = planned_jobs(proc.stdout)
+    assert jobs == {"score": 2, "analysis": 1, "report": 1, "all": 1}, proc.stdout[-3000:]
+    assert "score_second_A" in proc.stdout and "score_oracle_A" not in proc.stdout
+
+
+def test_a_refused_second_invocation_cannot_change_the_running_one(
+    smoke_run, plugin_config, tmp_path
+):
+    """Start a run; while it trains, start another on the same folder with other settings (the
+    lock refuses it); the first run must finish exactly as an undisturbed one."""
+    import time
+
+    results = tmp_path / "rés ults"
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    base = [
+        str(Path(sys.executable).parent / "snakemake"),
+        "--profile",
+        "profiles/local",
+        "--configfile",
+        "tests/smoke/config.yaml",
+        str(plugin_config),
+    ]
+    first = subprocess.Popen(
+        [*base, "--config", f"results={results}"],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and first.poll() is None:
+            if (results / "logs" / "pretrain_A.log").is_file():
+                break
+            time.sleep(0.2)
+        assert first.poll() is None, "the first run ended before the second could start"
+        other = tmp_path / "other.yaml"
+        other.write_text("analysis:\n  bootstrap: 50\n")
+        second = subprocess.run(
+            [*base, str(other), "--config", f"results={results}"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert second.returncode != 0
+        assert "cannot be locked" in second.stdout + second.stderr
+        assert first.wait(timeout=1200) == 0
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, 9)
+    assert artifact_hashes(results) == artifact_hashes(smoke_run)
+    info = json.loads((results / "analysis" / "meta.json").read_text())["info"]
+    assert (
+        info["bootstrap"]
+        == json.loads((smoke_run / "config.json").read_text())["analysis"]["bootstrap"]
+    )

@@ -1,12 +1,17 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import shutil
+from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from plantbench import config, verify
-from plantbench.cli import main
+from plantbench import config, io, verify
+from plantbench.cli import build_parser, main
+from plantbench.hashing import hash_file
 from plantbench.paths import Paths
 
 
@@ -17,7 +22,7 @@ def run_copy(smoke_stream, tmp_path):
     dst = tmp_path / "results"
     shutil.copytree(src, dst)
     cfg = config.deep_merge(smoke_stream["cfg"], {"results": str(dst)})
-    cfg_path = tmp_path / "config.json"
+    cfg_path = dst / "config.json"  # the copy's own: recoveries name it
     cfg_path.write_text(json.dumps(cfg))
     return cfg, cfg_path
 
@@ -80,3 +85,212 @@ def test_committed_smoke_reference_matches(smoke_stream):
         cfg, verify.check_files(Paths(cfg).root)[1], verify.REFERENCE_DIR
     )
     assert not [c for c in checks if c.status == "FAIL"], checks
+
+
+# --------------------------------------------------------------------------------------------
+# Adversarial cases: damaged input is a FAIL line with a recovery, never a crash
+# --------------------------------------------------------------------------------------------
+
+RECOVERY = re.compile(r"recover: delete '([^']+)' and rerun `([^`]+)`")
+
+
+def _snapshot(root):
+    return {p.relative_to(root).as_posix(): hash_file(p) for p in root.rglob("*") if p.is_file()}
+
+
+def _table(capsys, cfg_path):
+    """verify through the CLI: (exit code, the printed table's lines by artifact)."""
+    code = main(["verify", "-c", str(cfg_path)])
+    lines = [
+        ln for ln in capsys.readouterr().out.splitlines() if ln[:4] in ("PASS", "FAIL", "SKIP")
+    ]
+    return code, {ln[6:].split("  ")[0].strip(): ln for ln in lines}
+
+
+def _edit_meta(folder, edit):
+    meta = json.loads((folder / "meta.json").read_text())
+    edit(meta)
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("change", ["missing", "extra"])
+def test_manifest_row_missing_or_extra_is_a_fail_and_the_table_is_printed(run_copy, capsys, change):
+    cfg, cfg_path = run_copy
+    folder = Paths(cfg).stream("A")
+    man = io.read_parquet(folder / "manifest.parquet")
+    man = man.iloc[:-1] if change == "missing" else pd.concat([man, man.iloc[-1:]])
+    io.write_parquet(folder / "manifest.parquet", man)
+    before = _snapshot(Paths(cfg).root)
+
+    code, table = _table(capsys, cfg_path)
+    assert code == 2
+    windows = table["stream/A windows"]
+    assert windows.startswith("FAIL") and "rows missing or extra" in windows
+    assert RECOVERY.search(windows).groups() == (
+        str(folder),
+        f"plantbench stream -c {cfg_path}",
+    )
+    assert table["stream/B windows"].startswith("PASS")  # the other checks still ran
+    assert table["streams A/B"].startswith("SKIP")
+    assert (
+        table["stream/A (info)"].startswith("FAIL") and "info.n_windows" in table["stream/A (info)"]
+    )
+    assert _snapshot(Paths(cfg).root) == before  # verify wrote nothing
+
+
+def test_unreadable_manifest_is_a_fail_naming_it_not_a_crash(run_copy, capsys):
+    cfg, cfg_path = run_copy
+    manifest = Paths(cfg).stream("B") / "manifest.parquet"
+    manifest.write_bytes(b"not a parquet file")
+    code, table = _table(capsys, cfg_path)
+    assert code == 2
+    for name in ("stream/B", "stream/B windows", "stream/B (info)"):
+        assert table[name].startswith("FAIL"), table[name]
+        assert "manifest.parquet" in table[name] and RECOVERY.search(table[name])
+    assert table["stream/A windows"].startswith("PASS")
+
+
+def test_corrupt_meta_json_is_a_fail_and_the_other_artifacts_are_checked(run_copy, capsys):
+    cfg, cfg_path = run_copy
+    (Paths(cfg).tokenizer / "meta.json").write_text("{not json")
+    code, table = _table(capsys, cfg_path)
+    assert code == 2
+    assert table["tokenizer"].startswith("FAIL") and "not JSON" in table["tokenizer"]
+    assert RECOVERY.search(table["tokenizer"]).group(2).startswith("plantbench tokenizer -c")
+    assert table["facts"].startswith("PASS") and table["stream/A windows"].startswith("PASS")
+
+
+def test_nested_run_and_hidden_folder_are_not_part_of_the_run(run_copy):
+    """A run at results/smoke inside results/ (own config.json) and a hidden folder, both
+    damaged: neither may add artifacts, file FAILs or false lineage FAILs."""
+    cfg, _ = run_copy
+    root = Paths(cfg).root
+    nested = root / "smoke"
+    shutil.copytree(root, nested, ignore=shutil.ignore_patterns("smoke"))
+    nested_cfg = config.deep_merge(cfg, {"results": str(nested)})
+    (nested / "config.json").write_text(json.dumps(nested_cfg))
+    _edit_meta(nested / "facts", lambda m: m.update(hash="0" * 32))  # its streams' lineage breaks
+    (nested / "stream" / "A" / "tokens.bin").write_bytes(b"\0" * 64)
+    shutil.copytree(root / "stream" / "A", root / ".trash" / "stream" / "A")
+    _edit_meta(root / ".trash" / "stream" / "A", lambda m: m.update(inputs={"facts": "f" * 32}))
+
+    expected = {"facts", "corpus", "tokenizer", "stream/A", "stream/B"}
+    assert set(verify.artifacts(root)) == expected
+    checks = verify.run(cfg, Paths(cfg), ref_dir=root / "no-reference")
+    assert not [c for c in checks if c.status == "FAIL"], verify.format_checks(checks)
+    assert statuses(checks)["lineage"] == "PASS"
+    assert not [c for c in checks if c.artifact.startswith(("smoke", ".trash"))]
+
+
+@pytest.mark.parametrize(
+    ("name", "field", "change", "source"),
+    [
+        ("stream/A", "counts.planted", lambda v: v + 1, "manifest.parquet"),
+        ("stream/B", "n_windows", lambda v: v - 4, "manifest.parquet"),
+        ("stream/B", "tokens", lambda v: v * 2, "tokens.bin"),
+        ("facts", "n_facts", lambda v: v + 1, "the facts tables"),
+        ("tokenizer", "vocab_size", lambda v: 99, "tokenizer.json"),
+    ],
+)
+def test_edited_info_is_a_fail_naming_the_field(run_copy, capsys, name, field, change, source):
+    cfg, cfg_path = run_copy
+    folder = Paths(cfg).root / name
+    *parents, key = field.split(".")
+    meta = json.loads((folder / "meta.json").read_text())
+    where = meta["info"]
+    for k in parents:
+        where = where[k]
+    recorded = where[key]
+    where[key] = change(recorded)
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+    code, table = _table(capsys, cfg_path)
+    assert code == 2
+    assert table[name].startswith("PASS")  # meta.json is not among its own files
+    line = table[f"{name} (info)"]
+    assert line.startswith("FAIL")
+    assert f"info.{field} is {json.dumps(where[key])}, recomputed {json.dumps(recorded)}" in line
+    assert f"from {source}" in line
+    assert RECOVERY.search(line).group(1) == str(folder)
+
+
+def _fake_causal_and_analysis(cfg, learned_rate, alpha):
+    """A causal table and an analysis of 4 facts (2 learned, one empty cell) with the given
+    recorded info; everything else as the real steps write it."""
+    from plantbench.analysis import OUTPUT_FILES
+
+    paths = Paths(cfg)
+    facts = pd.DataFrame(
+        {
+            "fact_id": ["f1", "f2", "f3", "f4"],
+            "domain": ["d", "d", "d", "d"],
+            "n_docs": [2, 2, 8, 8],
+            "position": ["early", "early", "early", "early"],
+            "learned": [True, True, False, False],
+        }
+    )
+    paths.causal.mkdir()
+    io.write_parquet(paths.causal / "facts.parquet", facts)
+    causal_info = {"n_facts": 4, "learned_rate": learned_rate}
+    io.write_meta(paths.causal, "causal", ["facts.parquet"], config_hash="x", info=causal_info)
+    out = paths.root / "analysis"
+    out.mkdir()
+    for f in OUTPUT_FILES:
+        (out / f).write_text("method,model\nbm25,A\nbm25,all\noracle,A\n")
+    causal_hash = json.loads((paths.causal / "meta.json").read_text())["hash"]
+    info = {
+        "methods": ["bm25", "oracle"],
+        "n_facts": 4,
+        "alpha": alpha,
+        "bootstrap": int(cfg["analysis"]["bootstrap"]),
+        "cells_without_learned": ["d/8/early"],
+    }
+    analysis_hash = config.config_hash(cfg, ["seed", "methods", "analysis"])
+    io.write_meta(
+        out,
+        "analysis",
+        OUTPUT_FILES,
+        config_hash=analysis_hash,
+        inputs={"causal": causal_hash},
+        info=info,
+    )
+
+
+def test_causal_and_analysis_info_are_recomputed(run_copy):
+    cfg, _ = run_copy
+    alpha = float(cfg["analysis"]["alpha"])
+    _fake_causal_and_analysis(cfg, learned_rate=0.5, alpha=alpha)
+    checks = verify.run(cfg, Paths(cfg), ref_dir=Paths(cfg).root / "no-reference")
+    assert not [c for c in checks if c.status == "FAIL"], verify.format_checks(checks)
+
+
+def test_edited_causal_learned_rate_and_analysis_alpha_are_fails(run_copy):
+    cfg, _ = run_copy
+    _fake_causal_and_analysis(cfg, learned_rate=0.9, alpha=0.5)
+    checks = verify.run(cfg, Paths(cfg), ref_dir=Paths(cfg).root / "no-reference")
+    fails = {c.artifact: c.detail for c in checks if c.status == "FAIL"}
+    assert set(fails) == {"causal (info)", "analysis (info)"}
+    assert "info.learned_rate is 0.9, recomputed 0.5 from facts.parquet" in fails["causal (info)"]
+    assert "plantbench causal -c" in fails["causal (info)"]
+    alpha = json.dumps(float(cfg["analysis"]["alpha"]))
+    assert f"info.alpha is 0.5, recomputed {alpha} from the config" in fails["analysis (info)"]
+    assert "plantbench analysis -c" in fails["analysis (info)"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "facts", "corpus", "tokenizer", "stream/A", "models/B", "pool/A", "features/A/hidden",
+        "features/B/embed", "scores/bm25/A", "causal", "analysis",
+        "features/A/grads/step_0000040/pool/shard_0003", "features/A/grads/step_0000040/queries",
+    ],
+)  # fmt: skip
+def test_every_recovery_command_is_a_valid_cli_call(tmp_path, name):
+    paths = Paths(tmp_path / "my results")
+    folder, command = RECOVERY.search(verify.recovery(paths, name)).groups()
+    assert Path(folder) == paths.root / name
+    argv = shlex.split(command)
+    assert argv[0] == "plantbench"
+    args = build_parser().parse_args(argv[1:])
+    assert args.configfile == [str(paths.config)]
+    assert verify.step_of(name).rule in verify.recovery(paths, name)

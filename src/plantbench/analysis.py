@@ -97,6 +97,9 @@ OUTPUT_FILES = [
 
 def method_names(cfg: dict[str, Any]) -> list[str]:
     """The graded methods in config order: ``methods.enabled`` then the plug-ins' names."""
+    from .methods import registry
+
+    registry.load_plugins(cfg)  # their code hashes are checked against their scores
     names = list(cfg["methods"]["enabled"]) + [p["name"] for p in cfg["methods"]["plugins"]]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -261,6 +264,26 @@ def read_score_meta(folder: Path) -> dict[str, Any]:
     return io.read_meta(folder, stage, verify=False)
 
 
+def check_score_code(method: str, meta: dict[str, Any], folder: Path) -> None:
+    """Scores made by another version of the method's code (an edited plug-in) are stale."""
+    from .methods import registry
+
+    if method not in registry.available():
+        return  # graded from its scores alone (a synthetic method of the tests)
+    recorded = meta.get("code", {}).get("method")
+    if recorded is None:
+        raise ArtifactError(
+            f"'{folder / io.META}' does not record the code of method '{method}'; "
+            f"rerun its scoring step (snakemake --forcerun score)"
+        )
+    now = registry.code_hash(method)
+    if recorded != now:
+        raise ArtifactError(
+            f"scores in '{folder}' were made by another version of method '{method}' "
+            f"('{registry.code_file(method)}' changed since); rerun its scoring step"
+        )
+
+
 def load_scores(paths: Paths, method: str, model: str, lineage: Lineage) -> Scores:
     folder = score_dir(paths, method, model)
     meta = read_score_meta(folder)
@@ -276,6 +299,7 @@ def load_scores(paths: Paths, method: str, model: str, lineage: Lineage) -> Scor
                 f"'{f}' is missing or does not match its recorded hash; rerun its scoring step"
             )
     check_score_lineage(paths, method, model, meta, lineage)
+    check_score_code(method, meta, folder)
     queries = io.read_parquet(folder / "queries.parquet")
     own = io.read_parquet(folder / "own.parquet")
     _check_columns(queries, QUERY_COLUMNS, folder / "queries.parquet")

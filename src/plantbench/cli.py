@@ -19,8 +19,13 @@ log = logging.getLogger("plantbench")
 
 
 def _load_cfg(args: argparse.Namespace) -> dict[str, Any]:
+    from .runconfig import check_job_config
+
     files = args.configfile or ["config.yaml"]
-    return config_mod.load(files)
+    cfg = config_mod.load(files)
+    if len(files) == 1:
+        check_job_config(Path(files[0]), cfg)
+    return cfg
 
 
 def cmd_config(args: argparse.Namespace) -> None:
@@ -34,8 +39,14 @@ def cmd_config(args: argparse.Namespace) -> None:
         cfg = _load_cfg(args)
     from . import io
 
-    out = Path(args.out) if args.out else Paths(cfg).config
-    io.write_json(out, cfg)
+    if args.out:
+        out = Path(args.out)
+        io.write_json(out, cfg)
+    else:
+        from .runconfig import write_run_config
+
+        write_run_config(cfg)
+        out = Paths(cfg).config
     print(f"config {config_mod.config_hash(cfg)} -> {out}")
 
 

@@ -6,10 +6,14 @@ definition of every knob. Errors are one line: the key, what is wrong, the allow
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
+import os
+import re
 from collections.abc import Mapping
 from importlib import resources
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +51,42 @@ def _key_path(err: jsonschema.ValidationError) -> str:
     return ".".join(parts) if parts else "(top level)"
 
 
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def _yaml_spelling(text: str, integer: bool) -> str:
+    """How to write the number ``text`` so that YAML 1.1 (PyYAML) reads it as a number."""
+    value = float(text)
+    if integer:
+        return str(int(value))
+    mantissa, _, exponent = text.lower().partition("e")
+    if not exponent:
+        return text
+    if "." not in mantissa:
+        mantissa += ".0"
+    if exponent[0] not in "+-":
+        exponent = "+" + exponent
+    spelled = f"{mantissa}e{exponent}"
+    return spelled if isinstance(yaml.safe_load(spelled), float) else repr(value)
+
+
+def _number_hint(value: Any, expected: Any) -> str:
+    """The fix for a number that arrived as a string (YAML 1.1 reads ``3e-3`` as one)."""
+    wants = set(expected) if isinstance(expected, list) else {expected}
+    if not isinstance(value, str) or not wants & {"number", "integer"}:
+        return ""
+    text = value.strip()
+    if not _NUMBER.fullmatch(text):
+        return ""
+    integer = "number" not in wants
+    if integer and not float(text).is_integer():
+        return ""
+    spelled = _yaml_spelling(text, integer)
+    if spelled == text:
+        return "; write it without quotes"
+    return f"; YAML reads {text} as a string: write {spelled}"
+
+
 def describe_error(err: jsonschema.ValidationError) -> str:
     """Turn a jsonschema error into one line: key, problem, allowed values."""
     key = _key_path(err)
@@ -65,22 +105,35 @@ def describe_error(err: jsonschema.ValidationError) -> str:
             f"config key '{key}' = {json.dumps(err.instance)} is not allowed; use one of: {allowed}"
         )
     if v == "required":
-        return f"config is missing a required key: {err.message}" + (
-            f" (under '{key}')" if key != "(top level)" else ""
-        )
+        have = err.instance if isinstance(err.instance, dict) else {}
+        missing = next((r for r in err.validator_value if r not in have), "?")
+        where = f"{key}.{missing}" if key != "(top level)" else missing
+        return f"config is missing a required key: '{where}'; add it (see config.yaml)"
     if v == "type":
         return (
             f"config key '{key}' = {json.dumps(err.instance)} has the wrong type; "
-            f"expected {err.validator_value}"
+            f"expected {err.validator_value}" + _number_hint(err.instance, err.validator_value)
         )
     if v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
         op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[v]
         return f"config key '{key}' = {err.instance} is out of range; it must be {op} {err.validator_value}"
+    shown = f"config key '{key}' = {json.dumps(err.instance)}"
+    if v == "minItems":
+        return f"{shown} has too few items; give at least {err.validator_value}"
+    if v == "maxItems":
+        return f"{shown} has too many items; give at most {err.validator_value}"
+    if v == "uniqueItems":
+        return f"{shown} repeats an item; list each one once"
+    if v == "minLength":
+        return f"{shown} is too short; give at least {err.validator_value} character(s)"
+    if v == "pattern":
+        return f"{shown} is not allowed; it must match {err.validator_value}"
     return f"config key '{key}': {err.message}"
 
 
 def validate(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate against the schema, then the cross-key rules. Returns a plain copy."""
+    """Validate against the schema, then the cross-key rules and the results folder's place.
+    Returns a plain copy."""
     validator = jsonschema.Draft202012Validator(schema())
     errors = sorted(validator.iter_errors(cfg), key=lambda e: (len(list(e.absolute_path)), e.path))
     if errors:
@@ -88,11 +141,22 @@ def validate(cfg: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(describe_error(best))
     out = json.loads(json.dumps(cfg))
     _check_semantics(out)
+    check_results_location(out["results"])
     return out
 
 
 def _check_semantics(cfg: dict[str, Any]) -> None:
-    m, t, s = cfg["model"], cfg["train"], cfg["stream"]
+    """The rules one key's schema cannot say: each names the keys involved and the fix."""
+    _check_model(cfg["model"])
+    _check_batches(cfg["train"])
+    _check_spans(cfg)
+    _check_grid_fits(cfg)
+    _check_corpus(cfg["corpus"])
+    _check_tracin(cfg)
+    _check_methods(cfg["methods"])
+
+
+def _check_model(m: dict[str, Any]) -> None:
     if m["n_embd"] % m["n_head"]:
         raise ConfigError(
             f"config key 'model.n_embd' = {m['n_embd']} must be divisible by "
@@ -100,8 +164,12 @@ def _check_semantics(cfg: dict[str, Any]) -> None:
         )
     if (m["n_embd"] // m["n_head"]) % 2:
         raise ConfigError(
-            "config key 'model.n_embd' / 'model.n_head' must be even (rotary embeddings)"
+            "config key 'model.n_embd' / 'model.n_head' must be even (rotary embeddings); "
+            "change model.n_embd or model.n_head"
         )
+
+
+def _check_batches(t: dict[str, Any]) -> None:
     if t["batch_windows"] % t["micro_batch_windows"]:
         raise ConfigError(
             f"config key 'train.batch_windows' = {t['batch_windows']} must be a multiple of "
@@ -113,24 +181,39 @@ def _check_semantics(cfg: dict[str, Any]) -> None:
             f"'train.devices' x 'train.micro_batch_windows' = {t['devices']} x "
             f"{t['micro_batch_windows']} (each process takes batch_windows / devices windows)"
         )
-    for pos in cfg["facts"]["positions"]:
-        span = s["position_spans"].get(pos)
+
+
+POSITION_ORDER = ("early", "middle", "late")
+
+
+def _check_spans(cfg: dict[str, Any]) -> None:
+    """Every used position has a span [start, end) with start < end; the spans come in the
+    order early, middle, late and do not overlap (one may start where the previous ends)."""
+    spans = cfg["stream"]["position_spans"]
+    used = [p for p in POSITION_ORDER if p in cfg["facts"]["positions"]]
+    for pos in used:
+        span = spans.get(pos)
         if span is None:
             raise ConfigError(
                 f"config key 'stream.position_spans.{pos}' is missing; give [start, end] fractions"
             )
         if not span[0] < span[1]:
             raise ConfigError(
-                f"config key 'stream.position_spans.{pos}' = {span} must have start < end (fractions of the stream)"
+                f"config key 'stream.position_spans.{pos}' = {span} must have start < end "
+                "(fractions of the stream)"
             )
-    _check_grid_fits(cfg)
-    c = cfg["corpus"]
-    if c["min_doc_chars"] > c["max_doc_chars"]:
-        raise ConfigError("config key 'corpus.min_doc_chars' must be <= 'corpus.max_doc_chars'")
-    for i, src in enumerate(c["sources"]):
-        if src["kind"] != "stdlib" and "path" not in src:
+    for before, after in pairwise(used):
+        (lo_a, hi_a), lo_b = spans[before], spans[after][0]
+        key_a, key_b = f"'stream.position_spans.{before}'", f"'stream.position_spans.{after}'"
+        if lo_b < lo_a:
             raise ConfigError(
-                f"config key 'corpus.sources.{i}.path' is missing; a '{src['kind']}' source needs a local path"
+                f"config key {key_b} = {spans[after]} starts before {key_a} = {spans[before]}; "
+                f"the spans must come in the order {', '.join(used)}"
+            )
+        if lo_b < hi_a:
+            raise ConfigError(
+                f"config keys {key_a} = {spans[before]} and {key_b} = {spans[after]} overlap; "
+                f"make them disjoint (start {after} at or after {hi_a})"
             )
 
 
@@ -161,6 +244,227 @@ def _check_grid_fits(cfg: dict[str, Any]) -> None:
         )
 
 
+def _check_corpus(c: dict[str, Any]) -> None:
+    if c["min_doc_chars"] > c["max_doc_chars"]:
+        raise ConfigError("config key 'corpus.min_doc_chars' must be <= 'corpus.max_doc_chars'")
+    for i, src in enumerate(c["sources"]):
+        if src["kind"] != "stdlib" and "path" not in src:
+            raise ConfigError(
+                f"config key 'corpus.sources.{i}.path' is missing; a '{src['kind']}' source "
+                "needs a local path"
+            )
+
+
+def n_checkpoints(t: Mapping[str, Any]) -> int:
+    """How many HF checkpoints pretraining saves: every ``checkpoint_every_steps`` and the last
+    step (the count of :func:`plantbench.pretrain.checkpoint_steps`)."""
+    steps, every = int(t["steps"]), int(t["checkpoint_every_steps"])
+    return len({*range(every, steps + 1, every), steps})
+
+
+def _check_tracin(cfg: dict[str, Any]) -> None:
+    t, k = cfg["train"], int(cfg["features"]["tracin_checkpoints"])
+    have = n_checkpoints(t)
+    if k > have:
+        raise ConfigError(
+            f"config key 'features.tracin_checkpoints' = {k} asks for more checkpoints than the "
+            f"{have} that train.steps = {t['steps']} with train.checkpoint_every_steps = "
+            f"{t['checkpoint_every_steps']} saves; lower features.tracin_checkpoints to {have} "
+            "or lower train.checkpoint_every_steps"
+        )
+
+
+def _check_methods(methods: dict[str, Any]) -> None:
+    from .methods.registry import BUILTIN_MODULES
+
+    enabled, plugins = list(methods["enabled"]), list(methods["plugins"])
+    if not enabled and not plugins:
+        raise ConfigError(
+            "config key 'methods.enabled' is empty and 'methods.plugins' lists none: there is no "
+            "method to score; enable at least one (e.g. [bm25]) or add a plug-in"
+        )
+    seen: set[str] = set()
+    for i, plugin in enumerate(plugins):
+        name, key = plugin["name"], f"methods.plugins.{i}"
+        if name in seen:
+            raise ConfigError(
+                f"config key '{key}.name' = '{name}' is used by another plug-in; "
+                "give every plug-in its own name"
+            )
+        if name in BUILTIN_MODULES:
+            raise ConfigError(
+                f"config key '{key}.name' = '{name}' is a built-in method; "
+                "give the plug-in another name"
+            )
+        if name in enabled:
+            raise ConfigError(
+                f"config key '{key}.name' = '{name}' is also in 'methods.enabled'; plug-ins are "
+                "scored without being enabled: remove it from methods.enabled"
+            )
+        seen.add(name)
+        _check_plugin_file(f"{key}.path", plugin["path"])
+
+
+def _defines_score(tree: ast.Module) -> bool:
+    """Whether a module binds ``score`` at its top level (or may do so dynamically)."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names = [node.name]
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names = [a.asname or a.name.split(".")[0] for a in node.names]
+        else:
+            continue
+        if "score" in names or "*" in names or "__getattr__" in names:
+            return True
+    return False
+
+
+def _check_plugin_file(key: str, path: str) -> None:
+    """A plug-in is an existing Python file with a top-level ``score`` (read, not run)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(
+            f"config key '{key}' = '{path}' does not exist (relative paths start at the working "
+            "directory); give the path of the plug-in's .py file"
+        )
+    if p.suffix != ".py":
+        raise ConfigError(
+            f"config key '{key}' = '{path}' is not a Python file; give the path of a .py file"
+        )
+    try:
+        tree = ast.parse(p.read_bytes(), filename=str(p))
+    except (SyntaxError, ValueError) as exc:
+        where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        raise ConfigError(
+            f"config key '{key}' = '{path}' is not valid Python{where}; fix the file"
+        ) from None
+    if not _defines_score(tree):
+        raise ConfigError(
+            f"config key '{key}' = '{path}' defines no function score(ctx, query_rows, "
+            "pool_rows); add one (see tests/plugins/oracle_method.py)"
+        )
+
+
+RUN_CONFIG = "config.json"  # what marks a folder as a run's results folder
+_RUN_KEYS = frozenset({"results", "seed", "facts", "train"})
+_RUN_CONFIG_MAX_BYTES = 10_000_000
+
+
+def _read_run_config(path: Path) -> dict[str, Any] | None:
+    """The plantbench config in ``path`` (not, e.g., a checkpoint's config.json), or None."""
+    try:
+        if not path.is_file() or path.stat().st_size > _RUN_CONFIG_MAX_BYTES:
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and _RUN_KEYS <= data.keys() else None
+
+
+def _names_folder(results: Any, folder: Path) -> bool:
+    """Whether a ``results`` value (relative to an unknown working directory) names ``folder``."""
+    if not isinstance(results, str) or not results:
+        return False
+    p = Path(results).expanduser()
+    if p.is_absolute():
+        return p.resolve() == folder
+    parts = Path(os.path.normpath(p)).parts
+    return ".." not in parts and folder.parts[-len(parts) :] == parts
+
+
+def _is_run_folder(folder: Path) -> bool:
+    """A run's results folder: its config.json is a plantbench config that names the folder as
+    ``results`` or sits next to a finished artifact (a config file passed with -c does not)."""
+    data = _read_run_config(folder / RUN_CONFIG)
+    if data is None:
+        return False
+    if _names_folder(data["results"], folder):
+        return True
+    try:
+        return any((child / "meta.json").is_file() for child in folder.iterdir())
+    except OSError:
+        return False
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory when it lies below it."""
+    try:
+        return str(path.relative_to(Path.cwd().resolve())) or "."
+    except ValueError:
+        return str(path)
+
+
+def _nested_run(root: Path) -> Path | None:
+    """The first results folder of another run below ``root`` (hidden folders and finished
+    artifacts, which hold only their own files, are not searched)."""
+    for here, dirs, files in os.walk(root):
+        folder = Path(here)
+        if folder != root and RUN_CONFIG in files and _is_run_folder(folder):
+            return folder
+        if "meta.json" in files or "shard.json" in files:
+            dirs[:] = []
+        else:
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    return None
+
+
+def check_results_location(results: str | Path) -> None:
+    """Results folders never nest: ``results`` is not inside another run's results folder (an
+    ancestor holding a run's config.json, see :func:`_is_run_folder`) and holds no other run
+    below it. The repository's
+    own ``results/`` (README.md and reference/ only) is not a run."""
+    root = Path(results).expanduser().resolve()
+    if root.exists() and not root.is_dir():
+        raise ConfigError(
+            f"config key 'results' = '{results}' is a file; give a folder for the outputs"
+        )
+    for parent in root.parents:
+        if _is_run_folder(parent):
+            raise ConfigError(
+                f"config key 'results' = '{results}' is inside the results folder of another run "
+                f"('{_shown(parent)}'); results folders must not nest: choose a folder outside it"
+            )
+    nested = _nested_run(root) if root.is_dir() else None
+    if nested is not None:
+        raise ConfigError(
+            f"config key 'results' = '{results}' holds the results folder of another run "
+            f"('{_shown(nested)}'); results folders must not nest: move that run out "
+            "(make clean-results) or choose another folder"
+        )
+
+
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    """A key given twice in one YAML mapping."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (plain
+    PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise _DuplicateKey(None, None, f"key '{key}' is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
+    except _DuplicateKey as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark is not None else "?"
+        raise ConfigError(
+            f"config file '{path}' gives {exc.problem.removesuffix(' is given twice')} twice "
+            f"(line {line}); keep only one of them"
+        ) from None
+
+
 def load(paths: list[str | Path], overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Read YAML/JSON config files in order (later ones deep-merge over earlier) and validate."""
     cfg: dict[str, Any] = {}
@@ -169,7 +473,7 @@ def load(paths: list[str | Path], overrides: Mapping[str, Any] | None = None) ->
         if not path.is_file():
             raise ConfigError(f"config file '{path}' does not exist; pass an existing --configfile")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = _read_yaml(path) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(
                 f"config file '{path}' is not valid YAML: {exc}".splitlines()[0]

@@ -10,6 +10,7 @@ Readers call :func:`read_meta`, which checks the files and the lineage.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -129,6 +130,19 @@ def artifact_hash(files: Mapping[str, str]) -> str:
     return hash_bytes("".join(f"{k}\0{v}\n" for k, v in sorted(files.items())).encode())
 
 
+@functools.cache
+def package_code_hash() -> str:
+    """xxh3 over the package's own source (every ``*.py`` and schema file, by relative name):
+    which code made an artifact, beyond ``__version__``."""
+    root = Path(__file__).resolve().parent
+    parts = [
+        f"{p.relative_to(root).as_posix()}\0{hash_file(p)}\n"
+        for p in sorted(root.rglob("*"))
+        if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts
+    ]
+    return hash_bytes("".join(parts).encode())
+
+
 def write_meta(
     folder: str | Path,
     stage: str,
@@ -137,8 +151,10 @@ def write_meta(
     config_hash: str,
     inputs: Mapping[str, str] | None = None,
     info: Mapping[str, Any] | None = None,
+    code: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Hash ``files`` (relative to ``folder``) and write ``folder/meta.json`` last, atomically."""
+    """Hash ``files`` (relative to ``folder``) and write ``folder/meta.json`` last, atomically.
+    ``code`` adds the hashes of code outside the package (a plug-in file) to the package's."""
     folder = Path(folder)
     hashes = {f: hash_file(folder / f) for f in sorted(files)}
     meta = {
@@ -148,6 +164,7 @@ def write_meta(
         "config_hash": config_hash,
         "inputs": dict(sorted((inputs or {}).items())),
         "code_version": __version__,
+        "code": {"plantbench": package_code_hash(), **dict(code or {})},
         "info": dict(info or {}),
     }
     write_json(folder / META, meta)

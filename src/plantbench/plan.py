@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import in_context
 from . import pool as pool_mod
 from .features import n_shards, tracin_checkpoints
 from .paths import MODELS
@@ -175,14 +176,19 @@ def plan(cfg: dict[str, Any], query_tokens: int = 32) -> list[Stage]:
             gpu=True,
         )
     )
-    q_tok = nm * n_queries * query_tokens
+    n_cand = int(cfg["facts"]["candidates"])
+    k_ctx = in_context.n_segments(cfg)
+    # + the in-context check: 2 context conditions, each prompt run once (k segments of about a
+    # query's length, then the query), its cache shared by the candidates' answer tokens
+    ic_tok = nm * n_queries * 2 * ((k_ctx + 1) * query_tokens + n_cand * query_tokens // 4)
+    c_tok = nm * n_queries * query_tokens * n_cand + ic_tok
     out.append(
         Stage(
             "causal",
             1,
-            f"{facts} facts x 2 forms x {nm} models (+ candidates)",
-            tokens=q_tok * int(cfg["facts"]["candidates"]),
-            flops=q_tok * int(cfg["facts"]["candidates"]) * s.forward_flops_per_token(),
+            f"{facts} facts x 2 forms x {nm} models (+ candidates, + {k_ctx}-segment contexts)",
+            tokens=c_tok,
+            flops=c_tok * s.forward_flops_per_token(),
             gpu=True,
             disk_bytes=1e6,
         )

@@ -4,11 +4,14 @@
 - AdamW (weight decay on matrices only), linear warm-up then cosine decay to
   ``lr * min_lr_ratio``, gradient clipping, bf16 autocast on CUDA (``train.precision``).
 - Both twins start from the same initial weights (seed ``derive_seed(seed, "init")``).
-- Resumable state (model, optimizer, scheduler, step, loss log, every RNG state) is saved
-  atomically every ``train.state_every_steps`` steps and when SIGTERM / SIGUSR1 arrives (Slurm
-  sends one before a time limit or preemption; SIGURG too); the job then exits with code 75 so
-  that it is retried, and the retry resumes from the state. On the CPU the resumed run is
-  bit-identical.
+- Resumable state (model, optimizer, scheduler, step, loss log, every RNG state, the hashes of
+  the checkpoints saved so far) is saved atomically every ``train.state_every_steps`` steps and
+  when SIGTERM / SIGUSR1 arrives (Slurm sends one before a time limit or preemption; SIGURG
+  too); the job then exits with code 75 so that it is retried, and the retry resumes from the
+  state. On the CPU the resumed run is bit-identical. A state is resumed only when it was made
+  with this train config and stream and every checkpoint it has passed is on disk as saved;
+  otherwise one warning line, and training restarts from step 0 after removing the stale
+  state, checkpoints, loss log and meta (a rerun never loops on a missing checkpoint).
 - HF checkpoints (``save_pretrained``) every ``train.checkpoint_every_steps`` steps and at the end.
 
 Data-parallel training (several GPUs, or several CPU processes with gloo)
@@ -39,9 +42,10 @@ import logging
 import math
 import os
 import random
+import shutil
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +59,15 @@ from .hashing import hash_bytes, hash_tree
 from .modeling import build_model, llama_config
 from .paths import Paths
 from .rng import derive_seed
-from .stream import open_stream
+from .stream import Stream, open_stream
 
 log = logging.getLogger(__name__)
 
 STATE = "state.pt"
+# what a resumable state holds ("checkpoints", the checkpoint hashes, only from this version on)
+STATE_KEYS = frozenset(
+    ("step", "model", "optimizer", "scheduler", "rng", "losses", "config_hash", "stream_hash")
+)
 __all__ = ["EXIT_PREEMPTED", "Preempted", "train"]
 # SIGTERM: scancel / preemption; SIGUSR1: `--signal=USR1@T`; SIGURG: `--signal=URG@T`, the one
 # the Slurm profile uses because the executor's job wrapper survives it (see profiles/slurm).
@@ -265,13 +273,76 @@ def _fault_injection(model_name: str, step: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def train(
-    cfg: dict[str, Any], paths: Paths, model_name: str, *, threads: int | None = None
-) -> dict[str, Any]:
+@dataclass
+class _Run:
+    """One twin's training: its inputs, model, optimizer and progress (rank-local)."""
+
+    cfg: dict[str, Any]
+    paths: Paths
+    name: str
+    dev: DistInfo
+    stream: Stream
+    tok_meta: dict[str, Any]
+    model: Any
+    opt: torch.optim.AdamW
+    sched: Any
+    chash: str
+    losses: list[dict[str, float]] = field(default_factory=list)
+    # checkpoint name -> hash_tree of its folder, for every checkpoint saved so far (rank 0)
+    checkpoint_hashes: dict[str, str] = field(default_factory=dict)
+    start: int = 0
+
+    @property
+    def t(self) -> dict[str, Any]:
+        return self.cfg["train"]
+
+    @property
+    def steps(self) -> int:
+        return int(self.t["steps"])
+
+    @property
+    def batch(self) -> int:
+        return int(self.t["batch_windows"])
+
+    @property
+    def local_batch(self) -> int:
+        return self.batch // self.dev.world
+
+    @property
+    def window(self) -> int:
+        return int(self.stream.meta["info"]["window"])
+
+    @property
+    def out(self) -> Path:
+        return self.paths.model(self.name)
+
+    @property
+    def state_path(self) -> Path:
+        return self.paths.train_state(self.name) / STATE
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.paths.checkpoints(self.name)
+
+    def snapshot(self, step: int) -> dict[str, Any]:
+        return {
+            "step": step,
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "rng": _rng_state(),
+            "losses": self.losses,
+            "config_hash": self.chash,
+            "stream_hash": self.stream.meta["hash"],
+            "checkpoints": dict(self.checkpoint_hashes),
+        }
+
+
+def _open_inputs(
+    cfg: dict[str, Any], paths: Paths, model_name: str
+) -> tuple[Stream, dict[str, Any]]:
+    """The twin's stream and the tokenizer meta, checked against each other and train.*."""
     t = cfg["train"]
-    torch.set_num_threads(int(threads or t["threads"]))
-    dev = init_distributed()
-    device = dev.device
     stream = open_stream(paths.stream(model_name))
     tok_meta = io.read_meta(paths.tokenizer, "tokenizer")
     io.check_input(stream.meta, "tokenizer", tok_meta, str(paths.stream(model_name)))
@@ -284,166 +355,259 @@ def train(
             f"{info['batch_windows']} windows "
             "but train.* asks otherwise; rerun the stream step"
         )
-    W = int(info["window"])
+    return stream, tok_meta
+
+
+def _setup(cfg: dict[str, Any], paths: Paths, model_name: str, dev: DistInfo) -> _Run:
+    """Inputs, the initial model (same seed for both twins), optimizer and schedule."""
+    t = cfg["train"]
+    stream, tok_meta = _open_inputs(cfg, paths, model_name)
+    info = stream.meta["info"]
     conf = llama_config(
         cfg["model"],
         int(info["vocab_size"]),
-        W,
+        int(info["window"]),
         bos=tokenizer.BOS_ID,
         eos=tokenizer.EOS_ID,
         pad=tokenizer.PAD_ID,
         attn="sdpa",
     )
-    model = build_model(conf, derive_seed(cfg["seed"], "init")).to(device)
+    model = build_model(conf, derive_seed(cfg["seed"], "init")).to(dev.device)
     B, micro = int(t["batch_windows"]), int(t["micro_batch_windows"])
     if B % dev.world or (B // dev.world) % micro:
         raise ArtifactError(
             f"train.batch_windows = {B} must split evenly over {dev.world} processes into "
             f"micro-batches of train.micro_batch_windows = {micro}; change the launch or the config"
         )
-    B_local = B // dev.world
-    opt = make_optimizer(model, t, device)
+    opt = make_optimizer(model, t, dev.device)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, t))
-
-    out = paths.model(model_name)
-    state_path = paths.train_state(model_name) / STATE
-    ckpt_dir = paths.checkpoints(model_name)
-    losses: list[dict[str, float]] = []
-    start = 0
     chash = train_config_hash(cfg)
-    state = load_state(state_path)
-    if state is not None:
-        if state["config_hash"] != chash or state["stream_hash"] != stream.meta["hash"]:
-            raise ArtifactError(
-                f"resumable state '{state_path}' belongs to another config or stream; delete "
-                f"'{paths.train_state(model_name)}' to restart training"
-            )
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        _set_rng_state(state["rng"])
-        losses = state["losses"]
-        start = int(state["step"])
-        log.info("resuming %s from step %d (%s)", model_name, start, state_path)
+    return _Run(cfg, paths, model_name, dev, stream, tok_meta, model, opt, sched, chash)
 
-    def snapshot(step: int) -> dict[str, Any]:
-        return {
-            "step": step,
-            "model": model.state_dict(),
-            "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict(),
-            "rng": _rng_state(),
-            "losses": losses,
-            "config_hash": chash,
-            "stream_hash": stream.meta["hash"],
+
+def _checkpoint_complete(folder: Path) -> bool:
+    """A ``save_pretrained`` folder with its config and weights (states of earlier versions
+    recorded no checkpoint hashes)."""
+    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+
+
+def _stale_reason(run: _Run, state: dict[str, Any]) -> str | None:
+    """Why ``state`` cannot be resumed (None: it can): made for another config or stream, or a
+    checkpoint it has already passed is missing, incomplete or changed (resuming would never
+    write it again)."""
+    if not isinstance(state, dict) or not STATE_KEYS <= state.keys():
+        return "it is not a resumable state of this version"
+    if state["config_hash"] != run.chash or state["stream_hash"] != run.stream.meta["hash"]:
+        return "it was made with another train config or stream"
+    recorded = state.get("checkpoints")
+    for s in checkpoint_steps(run.t):
+        if s > int(state["step"]):
+            break
+        name = checkpoint_name(s)
+        folder = run.ckpt_dir / name
+        if not folder.is_dir():
+            return f"checkpoint {name} is missing"
+        if recorded is None:
+            if not _checkpoint_complete(folder):
+                return f"checkpoint {name} is incomplete"
+        elif name not in recorded or hash_tree(folder) != recorded[name]:
+            return f"checkpoint {name} differs from the one saved with the state"
+    return None
+
+
+def _load_valid_state(run: _Run) -> dict[str, Any] | None:
+    """The resumable state if it can be resumed; otherwise None, after one warning line."""
+    try:
+        state = load_state(run.state_path)
+    except ArtifactError:
+        state, reason = None, "it is unreadable"
+    else:
+        reason = None if state is None else _stale_reason(run, state)
+    if reason is not None:
+        log.warning(
+            "%s: not resuming from '%s': %s; restarting from step 0",
+            run.name,
+            run.state_path,
+            reason,
+        )
+        return None
+    return state
+
+
+def _clear_outputs(run: _Run) -> None:
+    """Before training from step 0: the meta first (the folder is then unfinished), the loss
+    log, every checkpoint with its index, and any stale resumable state."""
+    for f in (run.out / io.META, run.out / "loss.csv", run.state_path):
+        f.unlink(missing_ok=True)
+    shutil.rmtree(run.ckpt_dir, ignore_errors=True)
+
+
+def _resume(run: _Run) -> None:
+    """Resume from the state, or start from step 0 with the stale outputs removed."""
+    state = _load_valid_state(run)
+    _barrier(run.dev)  # every rank has decided before rank 0 removes anything
+    if state is None:
+        if run.dev.main:
+            _clear_outputs(run)
+        return
+    run.model.load_state_dict(state["model"])
+    run.opt.load_state_dict(state["optimizer"])
+    run.sched.load_state_dict(state["scheduler"])
+    _set_rng_state(state["rng"])
+    run.losses = state["losses"]
+    run.start = int(state["step"])
+    if run.dev.main:  # the checkpoints passed so far, as _stale_reason found them
+        recorded = state.get("checkpoints") or {}
+        passed = [checkpoint_name(s) for s in checkpoint_steps(run.t) if s <= run.start]
+        run.checkpoint_hashes = {
+            n: recorded[n] if n in recorded else hash_tree(run.ckpt_dir / n) for n in passed
         }
+    log.info("resuming %s from step %d (%s)", run.name, run.start, run.state_path)
 
-    flag = _StopFlag()
-    old = {s: signal.signal(s, flag) for s in STOP_SIGNALS}
-    steps = int(t["steps"])
-    ckpt_steps = checkpoint_steps(t)
-    model.train()
-    # the module that runs forward/backward: the model itself in a single process; with P > 1
-    # DDP (gradient all-reduce = mean over ranks); optionally compiled
+
+def _network(run: _Run) -> tuple[Any, Any]:
+    """(the module that runs forward/backward, the DDP wrapper or None): the model itself in
+    a single process; with P > 1 DDP (gradient all-reduce = mean over ranks); optionally
+    compiled."""
     ddp: Any = None
-    net: Any = model
-    if dev.world > 1:
+    net: Any = run.model
+    if run.dev.world > 1:
+        device = run.dev.device
         ddp = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
+            run.model, device_ids=[device.index] if device.type == "cuda" else None
         )
         net = ddp
-    if t.get("compile", False):
+    if run.t.get("compile", False):
         net = torch.compile(net)
+    return net, ddp
+
+
+def _step_loss(run: _Run, net: Any, ddp: Any, step: int) -> float:
+    """Forward and backward of this rank's share of optimizer step ``step``'s batch; returns
+    its share of the batch's mean loss."""
+    t, dev, B_local = run.t, run.dev, run.local_batch
+    micro = int(t["micro_batch_windows"])
     first = dev.rank * B_local
-    if dev.world > 1:
+    rows = run.stream.batch(step)[first : first + B_local]
+    _trace_windows(dev.rank, step, step * run.batch + first, rows)
+    batch = torch.from_numpy(rows.astype(np.int64)).to(dev.device)
+    run.opt.zero_grad(set_to_none=True)
+    total = 0.0
+    for m0 in range(0, B_local, micro):
+        ids = batch[m0 : m0 + micro]
+        sync = ddp is None or m0 + micro >= B_local  # all-reduce on the last micro-batch
+        with contextlib.nullcontext() if sync else ddp.no_sync():
+            with _autocast(t["precision"], dev.device):
+                logits = net(input_ids=ids).logits
+            loss = torch.nn.functional.cross_entropy(
+                logits[:, :-1].float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1)
+            )
+            (loss * (ids.size(0) / B_local)).backward()
+        total += float(loss.detach()) * ids.size(0) / run.batch
+    return total
+
+
+def _save_progress(run: _Run, done: int, stopping: bool) -> None:
+    """Rank 0: the HF checkpoint after a checkpoint step, the resumable state when due."""
+    if not run.dev.main:
+        return
+    if done in checkpoint_steps(run.t):
+        name = checkpoint_name(done)
+        with io.atomic_dir(run.ckpt_dir / name) as tmp:
+            run.model.save_pretrained(tmp)
+        run.checkpoint_hashes[name] = hash_tree(run.ckpt_dir / name)
+    if done % int(run.t["state_every_steps"]) == 0 or done == run.steps or stopping:
+        save_state(run.state_path, run.snapshot(done))
+
+
+def _log_rank(run: _Run) -> None:
+    if run.dev.world > 1:
+        B_local = run.local_batch
         log.info(
             "%s: rank %d of %d on %s, windows [b*%d + %d, +%d) per step, %d micro-batches",
-            model_name,
-            dev.rank,
-            dev.world,
-            device,
-            B,
-            first,
+            run.name,
+            run.dev.rank,
+            run.dev.world,
+            run.dev.device,
+            run.batch,
+            run.dev.rank * B_local,
             B_local,
-            B_local // micro,
+            B_local // int(run.t["micro_batch_windows"]),
         )
+
+
+def _train_steps(run: _Run) -> None:
+    """Optimizer steps from ``run.start`` to the end; a stop signal saves the state and raises
+    :class:`Preempted` after the current step."""
+    flag = _StopFlag()
+    old = {s: signal.signal(s, flag) for s in STOP_SIGNALS}
+    dev, steps = run.dev, run.steps
+    run.model.train()
+    net, ddp = _network(run)
+    _log_rank(run)
     t0, tok_seen = time.time(), 0
     try:
-        for step in range(start, steps):
-            rows = stream.batch(step)[first : first + B_local]
-            _trace_windows(dev.rank, step, step * B + first, rows)
-            batch = torch.from_numpy(rows.astype(np.int64)).to(device)
-            opt.zero_grad(set_to_none=True)
-            total = 0.0
-            for m0 in range(0, B_local, micro):
-                ids = batch[m0 : m0 + micro]
-                sync = ddp is None or m0 + micro >= B_local  # all-reduce on the last micro-batch
-                with contextlib.nullcontext() if sync else ddp.no_sync():
-                    with _autocast(t["precision"], device):
-                        logits = net(input_ids=ids).logits
-                    loss = torch.nn.functional.cross_entropy(
-                        logits[:, :-1].float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1)
-                    )
-                    (loss * (ids.size(0) / B_local)).backward()
-                total += float(loss.detach()) * ids.size(0) / B
+        for step in range(run.start, steps):
+            total = _step_loss(run, net, ddp, step)
             if dev.world > 1:
                 total = _all_reduce(total, dev)
                 if _all_reduce(float(flag.signal or 0), dev, "max") and flag.signal is None:
                     flag.signal = -1  # another rank was signalled: stop after this step too
-            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), float(t["grad_clip"]))
-            lr = opt.param_groups[0]["lr"]
-            opt.step()
-            sched.step()
-            losses.append({"step": step, "lr": lr, "loss": total, "grad_norm": float(gnorm)})
-            tok_seen += B * W
+            gnorm = torch.nn.utils.clip_grad_norm_(
+                run.model.parameters(), float(run.t["grad_clip"])
+            )
+            lr = run.opt.param_groups[0]["lr"]
+            run.opt.step()
+            run.sched.step()
+            run.losses.append({"step": step, "lr": lr, "loss": total, "grad_norm": float(gnorm)})
+            tok_seen += run.batch * run.window
             done = step + 1
-            if done in ckpt_steps and dev.main:
-                with io.atomic_dir(ckpt_dir / checkpoint_name(done)) as tmp:
-                    model.save_pretrained(tmp)
-            if dev.main and (
-                done % int(t["state_every_steps"]) == 0 or done == steps or flag.signal is not None
-            ):
-                save_state(state_path, snapshot(done))
+            _save_progress(run, done, flag.signal is not None)
             if flag.signal is not None and done < steps:
                 _barrier(dev)  # the state is on disk before any rank exits
                 raise Preempted(
                     f"stopped by signal {flag.signal} after step {done}; "
-                    f"state saved to '{state_path}'"
+                    f"state saved to '{run.state_path}'"
                 )
             if done % max(1, steps // 20) == 0 or done == steps:
                 rate = tok_seen / max(1e-9, time.time() - t0)
                 log.info(
                     "%s step %d/%d loss %.4f lr %.2e %.0f tok/s",
-                    model_name,
+                    run.name,
                     done,
                     steps,
                     total,
                     lr,
                     rate,
                 )
-            _fault_injection(model_name, done)
+            _fault_injection(run.name, done)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    if not dev.main:
-        _barrier(dev)  # rank 0 writes the loss log and the meta
-        return io.read_meta(out, "pretrain", verify=False)
 
-    # loss log and checkpoint index, then the artifact meta (written last)
+
+def _loss_csv(run: _Run) -> str:
     buf = _io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["step", "tokens", "lr", "loss", "grad_norm"])
-    for r in losses:
+    for r in run.losses:
         w.writerow(
             [
                 r["step"],
-                (r["step"] + 1) * B * W,
+                (r["step"] + 1) * run.batch * run.window,
                 repr(r["lr"]),
                 repr(r["loss"]),
                 repr(r["grad_norm"]),
             ]
         )
-    io.write_text(out / "loss.csv", buf.getvalue())
+    return buf.getvalue()
+
+
+def _write_outputs(run: _Run) -> dict[str, Any]:
+    """Rank 0: the loss log and checkpoint index, then the artifact meta (written last)."""
+    t, out, ckpt_dir, steps = run.t, run.out, run.ckpt_dir, run.steps
+    B, W = run.batch, run.window
+    io.write_text(out / "loss.csv", _loss_csv(run))
     index = [
         {
             "name": checkpoint_name(s),
@@ -452,7 +616,7 @@ def train(
             "lr": lr_at(s - 1, t),
             "hash": hash_tree(ckpt_dir / checkpoint_name(s)),
         }
-        for s in ckpt_steps
+        for s in checkpoint_steps(t)
     ]
     io.write_json(ckpt_dir / "index.json", index)
     files = ["loss.csv", "checkpoints/index.json"]
@@ -464,16 +628,16 @@ def train(
         for p in (ckpt_dir / c["name"]).rglob("*")
         if p.is_file()
     )
-    tail = [r["loss"] for r in losses[-max(1, steps // 20) :]]
-    meta = io.write_meta(
+    tail = [r["loss"] for r in run.losses[-max(1, steps // 20) :]]
+    return io.write_meta(
         out,
         "pretrain",
         files,
-        config_hash=chash,
-        inputs={"stream": stream.meta["hash"], "tokenizer": tok_meta["hash"]},
+        config_hash=run.chash,
+        inputs={"stream": run.stream.meta["hash"], "tokenizer": run.tok_meta["hash"]},
         info={
-            "model": model_name,
-            "params": sum(p.numel() for p in model.parameters()),
+            "model": run.name,
+            "params": sum(p.numel() for p in run.model.parameters()),
             "steps": steps,
             "tokens": steps * B * W,
             "final_loss": float(np.mean(tail)),
@@ -482,6 +646,23 @@ def train(
             "final_checkpoint": index[-1]["name"],
         },
     )
+
+
+def train(
+    cfg: dict[str, Any], paths: Paths, model_name: str, *, threads: int | None = None
+) -> dict[str, Any]:
+    """Train one twin to ``train.steps``, resuming from its state when that state is for this
+    config and stream and every checkpoint it has passed is still on disk; otherwise (one
+    warning line) from step 0 with the stale state and checkpoints removed."""
+    torch.set_num_threads(int(threads or cfg["train"]["threads"]))
+    dev = init_distributed()
+    run = _setup(cfg, paths, model_name, dev)
+    _resume(run)
+    _train_steps(run)
+    if not dev.main:
+        _barrier(dev)  # rank 0 writes the loss log and the meta
+        return io.read_meta(run.out, "pretrain", verify=False)
+    meta = _write_outputs(run)
     _barrier(dev)
     return meta
 

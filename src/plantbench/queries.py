@@ -56,3 +56,29 @@ def answer_logprobs(
         summed = (tgt.double() * ans[:, 1:].double()).sum(dim=1)
         out[idx] = summed.cpu().numpy()
     return out, counts
+
+
+@torch.no_grad()
+def candidate_logprobs(
+    model: torch.nn.Module, prefix: list[int], candidates: Sequence[list[int]]
+) -> np.ndarray:
+    """Summed log p(candidate tokens | prefix) of every candidate (float64), the prefix run once
+    and its key-value cache shared by all candidates (the same numbers as :func:`answer_logprobs`
+    on ``prefix + candidate``, up to float rounding)."""
+    device = next(model.parameters()).device
+    pre = model(input_ids=torch.tensor([prefix], device=device), use_cache=True)
+    first = torch.log_softmax(pre.logits[0, -1].float(), dim=-1)
+    n, T = len(candidates), max(len(c) for c in candidates)
+    ids = torch.full((n, T), tokenizer.PAD_ID, dtype=torch.long)
+    mask = torch.zeros((n, T), dtype=torch.long)
+    for i, c in enumerate(candidates):
+        ids[i, : len(c)] = torch.tensor(c)
+        mask[i, : len(c)] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    cache = pre.cache
+    cache.batch_repeat_interleave(n)
+    attn = torch.cat([torch.ones((n, len(prefix)), dtype=torch.long, device=device), mask], dim=1)
+    logits = model(input_ids=ids, attention_mask=attn, cache=cache).logits.float()
+    logp = torch.log_softmax(logits[:, :-1], dim=-1)
+    rest = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1).double() * mask[:, 1:].double()
+    return (first[ids[:, 0]].double() + rest.sum(dim=1)).cpu().numpy()

@@ -368,6 +368,50 @@ def analysis_sections(paths: Paths, out_dir: Path | None = None) -> str:
     return "\n".join(lines)
 
 
+def in_context_table(rates: pd.DataFrame) -> pd.DataFrame:
+    """Reading and following rates: rows by query form, columns by twin role."""
+    label = {"reader": "twin that read it", "other": "twin that never read it"}
+    rows = []
+    for r in rates.itertuples(index=False):
+        rows.append(
+            {
+                "query form": "both" if r.form == "all" else r.form,
+                "twin": label[r.role],
+                "true answer first, no context": _pct(r.no_context_first),
+                "reading rate (sentence in context)": _pct(r.reading_rate),
+                "following rate (counterfactual)": _pct(r.following_rate),
+                "log p gain from context (nats)": _signed(r.gain_nats),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def in_context_section(paths: Paths, causal_meta: dict[str, Any]) -> str:
+    """The in-context check of the answer key (causal/in_context.parquet)."""
+    from . import in_context
+
+    if in_context.TABLE not in causal_meta["files"]:
+        return ""
+    tab = io.read_parquet(paths.causal / in_context.TABLE)
+    k = int(causal_meta["info"].get("context_segments", 0))
+    cands = io.read_parquet(paths.facts / "candidates.parquet")
+    n_cand = int(cands.groupby("fact_id").size().max())
+    return "\n".join(
+        [
+            "## Do the twins read their context?",
+            "",
+            f"Each fact's query with a context of {k} segments before it (one per line, no "
+            "markup): the fact's own sentence among other facts' sentences. Reading rate = the "
+            "true answer ranks first of the candidates; following rate = with the fact's "
+            "sentence stating a wrong candidate instead (counterfactual), that candidate ranks "
+            f"first. Chance is one in {n_cand} candidates ({_pct(1 / n_cand)}).",
+            "",
+            markdown_table(in_context_table(in_context.rates(tab))),
+            "",
+        ]
+    )
+
+
 def run(cfg: dict[str, Any], paths: Paths) -> Path:
     causal_meta = io.read_meta(paths.causal, "causal")
     model_metas = {m: io.read_meta(paths.model(m), "pretrain", verify=False) for m in MODELS}
@@ -422,6 +466,7 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
         f"Mean causal effect: {facts['effect'].mean():+.3f} nats; "
         f"facts with a positive effect: {100 * (facts['effect'] > 0).mean():.0f}%.",
         "",
+        in_context_section(paths, causal_meta),
         graded,
         "## Pretraining",
         "",

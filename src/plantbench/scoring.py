@@ -320,6 +320,7 @@ def run(
             files,
             config_hash=config_hash(cfg, ["scoring"]),
             inputs=ctx.inputs,
+            code={"method": registry.code_hash(method)},
             info={
                 "method": method,
                 "model": model,

@@ -13,7 +13,8 @@ Layout rules (see results/README.md):
   read the same document.
 - Every other window is background: ``<bos> doc <eos>`` training documents concatenated in a
   seeded order and cut into consecutive windows (both models read the same background). When
-  the stream is longer than the train split, another pass follows in a new seeded order.
+  the stream is longer than the train split, another pass follows in a new seeded order; more
+  than ``stream.max_background_passes`` passes (default 4) is refused before anything is written.
 
 Memory: the train split is tokenized once, a batch at a time, into a scratch file next to the
 streams (removed afterwards) that is read through a memmap, and the windows are written
@@ -50,7 +51,8 @@ KINDS = ("background", "planted", "distractor")
 TOKENS = "tokens.bin"
 MANIFEST = "manifest.parquet"
 PROGRESS_EVERY = 256  # batches of documents between progress lines
-MAX_PASSES = 1000  # more passes over the background corpus than this is an error
+MAX_PASSES = 1000  # more passes over the held-out padding text than this is an error
+DEFAULT_MAX_BACKGROUND_PASSES = 4  # stream.max_background_passes when the config omits it
 
 
 def stream_config_hash(cfg: dict[str, Any]) -> str:
@@ -226,6 +228,24 @@ def passes_needed(docs: DocTokens, needed: int) -> int:
     return passes
 
 
+def max_background_passes(cfg: dict[str, Any]) -> int:
+    return int(cfg["stream"].get("max_background_passes", DEFAULT_MAX_BACKGROUND_PASSES))
+
+
+def background_passes(cfg: dict[str, Any], train: DocTokens, needed: int) -> int:
+    """Passes over the train split that fill ``needed`` background tokens; refuses more than
+    ``stream.max_background_passes`` (a corpus that small would train mostly on repeats)."""
+    passes, limit = passes_needed(train, needed), max_background_passes(cfg)
+    if passes > limit:
+        raise ConfigError(
+            f"the corpus is too small for the stream: its train split ({train.n_tokens:,} tokens) "
+            f"would be repeated {passes} times to fill {needed:,} background tokens, more than "
+            f"stream.max_background_passes = {limit}; add corpus sources (or raise "
+            "corpus.max_bytes), lower train.steps, or raise stream.max_background_passes"
+        )
+    return passes
+
+
 def ordered_tokens(cfg: dict[str, Any], docs: DocTokens, needed: int) -> Iterator[np.ndarray]:
     """``needed`` tokens: the documents concatenated in a seeded order, pass after pass (each
     pass, an epoch, has its own order), as a sequence of slices; the last is cut short."""
@@ -303,6 +323,7 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
     # the background (up to the whole corpus: tokenized once into a scratch file, memory-mapped).
     heldout = tokenize_docs(tok, corpus_mod.iter_texts(paths.corpus, "heldout"), dtype)
     scratch_dir = paths.stream(MODELS[0]).parent
+    made_dir = not scratch_dir.exists()
     scratch_dir.mkdir(parents=True, exist_ok=True)
     fd, scratch_name = tempfile.mkstemp(dir=scratch_dir, prefix=".background.", suffix=".tmp")
     os.close(fd)
@@ -323,6 +344,7 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
         )
         pad_needed = max(4 * W, min(len(slots), 4096) * W)
         background = np.setdiff1d(np.arange(N), [s.index for s in slots])
+        epochs = background_passes(cfg, train, len(background) * W)
         plan = _Plan(
             cfg=cfg,
             slots=slots,
@@ -344,7 +366,7 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
                 "dtype": str(dtype),
                 "vocab_size": vocab,
                 "tokens": N * W,
-                "background_epochs": passes_needed(train, len(background) * W),
+                "background_epochs": epochs,
                 **_corpus_token_stats(corpus_meta, train, heldout),
             },
         )
@@ -354,6 +376,8 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
             metas[model] = _write_stream(plan, paths, model, t0, like=paths.stream(first) / TOKENS)
     finally:
         scratch.unlink(missing_ok=True)
+        if made_dir and not any(scratch_dir.iterdir()):
+            scratch_dir.rmdir()  # a refused build leaves nothing behind
     log.info("stream: done in %.1fs", time.time() - t0)
     return metas
 

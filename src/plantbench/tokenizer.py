@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -105,14 +106,20 @@ def train_batches(cfg: dict[str, Any], batches: Iterable[list[str]]) -> Tokenize
         tok.get_vocab_size(),
     )
     _check_specials(tok, "trained tokenizer")
-    if tok.get_vocab_size() < int(tcfg["vocab_size"]):
-        log.warning(
-            "tokenizer: vocab is %d, below tokenizer.vocab_size=%d (corpus too small or "
-            "min_frequency too high)",
-            tok.get_vocab_size(),
-            tcfg["vocab_size"],
-        )
     return tok
+
+
+def vocab_warning(cfg: dict[str, Any], tok: Tokenizer) -> str | None:
+    """One line when the learned vocabulary is smaller than ``tokenizer.vocab_size`` (the
+    step goes on: the model is sized to the learned vocabulary; see the schema)."""
+    learned, wanted = tok.get_vocab_size(), int(cfg["tokenizer"]["vocab_size"])
+    if learned >= wanted:
+        return None
+    return (
+        f"the tokenizer learned {learned} tokens, fewer than tokenizer.vocab_size = {wanted}: "
+        "the corpus is too small or tokenizer.min_frequency too high; add corpus sources (or "
+        "raise corpus.max_bytes) or lower tokenizer.vocab_size"
+    )
 
 
 def encode_batch(tok: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
@@ -165,12 +172,16 @@ def run(cfg: dict[str, Any], corpus_dir: Path, out_dir: Path) -> dict[str, Any]:
         )
     tok = train_batches(cfg, corpus_mod.iter_texts(corpus_dir, "train", sample=sample))
 
-    info = {
+    info: dict[str, Any] = {
         "train_fraction": round(fraction, 6),
         "vocab_size": tok.get_vocab_size(),
         "vocab_size_requested": int(cfg["tokenizer"]["vocab_size"]),
         "special_tokens": {PAD: PAD_ID, BOS: BOS_ID, EOS: EOS_ID},
     }
+    warning = vocab_warning(cfg, tok)
+    if warning is not None:
+        print(f"plantbench: warning: {warning}", file=sys.stderr, flush=True)
+        info["warnings"] = [warning]
     with atomic_dir(out_dir) as tmp:
         files = save(tok, tmp)
         meta = write_meta(

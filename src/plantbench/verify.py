@@ -1,12 +1,21 @@
-"""``plantbench verify``: recompute and check a run's hashes, lineage and reference hashes.
+"""``plantbench verify``: recompute and check a run's hashes, lineage, summaries and reference hashes.
 
 What is checked, per artifact (one line each, PASS / FAIL / SKIP):
 - every file of every artifact against the xxh3 recorded in its ``meta.json`` (gradient shards:
-  their ``shard.json``);
+  their ``shard.json``), and the artifact hash against its files' hashes;
 - lineage: every input hash an artifact records is the hash of an artifact present in the run;
-- both streams: every window against the manifest's xxh3, and A and B differ exactly at the
-  planted windows;
+- both streams: the manifest has one row per window, every window matches the manifest's xxh3,
+  and A and B differ exactly at the planted windows;
+- info: the numbers a meta's ``info`` summarizes (and the report prints) are recomputed from the
+  artifact's files: pretraining (loss log, checkpoint index, parameters; every indexed checkpoint
+  is on disk as indexed), causal table, streams, pools, facts, tokenizer and analysis;
 - the reference hashes in ``results/reference/<name>.json`` whose study hash matches this config.
+
+Every check is isolated: damaged input (a missing row, an unreadable file) becomes a FAIL line
+naming what was unreadable, and the table is still printed. Every FAIL line ends with a recovery
+made from the artifact's stage: delete its folder and rerun the CLI step (or Snakemake) that
+makes it. A subfolder of the results folder that is itself a run (it holds its own config.json)
+or is hidden is not part of this run and is skipped.
 
 Reproducibility across machines: token data (facts, corpus, tokenizer, streams, pools) depends
 only on the config, the package versions pinned in constraints.txt and, for the ``stdlib`` corpus
@@ -19,9 +28,15 @@ platform and are compared only on a matching one.
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import json
+import math
+import os
 import platform
+import shlex
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,13 +45,15 @@ import numpy as np
 import torch
 
 from . import io
-from .config import study_hash
+from .config import config_hash, study_hash
 from .errors import ArtifactError, PlantbenchError
-from .hashing import hash_file, window_hashes
+from .hashing import hash_file, hash_tree, window_hashes
 from .paths import MODELS, Paths
 
 PORTABLE = ("facts", "corpus", "tokenizer", "stream/A", "stream/B", "pool/A", "pool/B")
 REFERENCE_DIR = Path(__file__).resolve().parents[2] / "results" / "reference"
+META_KEYS = ("stage", "hash", "files", "inputs", "info")
+EXTERNAL_INPUTS = ("encoder",)  # made outside the run (an installed or local model folder)
 
 
 @dataclass
@@ -54,73 +71,247 @@ def platform_key() -> dict[str, str]:
     }
 
 
+# --------------------------------------------------------------------------------------------
+# Recovery: which step makes an artifact
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """How an artifact is made: its meta stage, the CLI step and arguments, the Snakemake rule."""
+
+    stage: str
+    cli: str
+    args: str
+    rule: str
+
+    def command(self, config: Path) -> str:
+        return f"plantbench {self.cli} -c {shlex.quote(str(config))}{self.args}"
+
+
+def _grads_step(p: list[str]) -> Step | None:
+    """``features/<model>/grads/<checkpoint>/pool/shard_<K>`` or ``.../queries``."""
+    where = f" --model {p[1]} --checkpoint {p[3]}"
+    if len(p) == 6 and p[4] == "pool" and p[5].startswith("shard_") and p[5][6:].isdigit():
+        return Step("grads", "grads", f"{where} --shard {int(p[5][6:])}", "grads_pool")
+    if len(p) == 5 and p[4] == "queries":
+        return Step("grads", "grads", f"{where} --queries", "grads_queries")
+    return None
+
+
+def step_of(name: str) -> Step | None:
+    """The step that makes the artifact at ``name`` (relative to the results folder)."""
+    p = name.split("/")
+    if len(p) == 1 and p[0] in ("facts", "corpus", "tokenizer", "causal", "analysis"):
+        return Step(p[0], p[0], "", p[0])
+    if len(p) == 2 and p[0] == "stream" and p[1] in MODELS:
+        return Step("stream", "stream", "", "stream")
+    if len(p) == 2 and p[1] in MODELS and p[0] in ("models", "pool"):
+        stage = "pretrain" if p[0] == "models" else "pool"
+        return Step(stage, stage, f" --model {p[1]}", stage)
+    if len(p) == 3 and p[0] == "features" and p[2] in ("hidden", "embed"):
+        return Step(p[2], p[2], f" --model {p[1]}", p[2])
+    if len(p) == 3 and p[0] == "scores":
+        return Step("scores", "score", f" --method {p[1]} --model {p[2]}", "score")
+    if len(p) >= 5 and p[0] == "features" and p[2] == "grads":
+        return _grads_step(p)
+    return None
+
+
+def recovery(paths: Paths, name: str) -> str:
+    """What to do about a failed artifact: delete it and rerun the step that makes it."""
+    folder = paths.root / name
+    step = step_of(name)
+    if step is None:
+        return f"recover: delete '{folder}' and rerun the workflow (snakemake)"
+    return (
+        f"recover: delete '{folder}' and rerun `{step.command(paths.config)}` "
+        f"(or `snakemake --forcerun {step.rule}`)"
+    )
+
+
+def _problem(exc: Exception, where: Path | str) -> str:
+    """One line naming what could not be read (a PlantbenchError's own fix is left out: the
+    check adds the recovery)."""
+    if isinstance(exc, PlantbenchError):
+        text = str(exc).split("; ")[0]
+    elif isinstance(exc, OSError) and exc.filename:
+        text = f"'{exc.filename}' is unreadable ({exc.strerror or type(exc).__name__})"
+    else:
+        text = f"'{where}' is unreadable ({type(exc).__name__}: {exc})"
+    return " ".join(text.split())
+
+
+def _fail(artifact: str, problems: list[str], recover: str) -> Check:
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return Check(artifact, "FAIL", f"{problems[0]}{more}; {recover}")
+
+
+def _guard(artifact: str, where: Path, recover: str, fn: Callable[[], list[Check]]) -> list[Check]:
+    """Run one check; an exception inside it becomes a FAIL line naming what was unreadable."""
+    try:
+        return fn()
+    except Exception as exc:  # damaged input must not stop the other checks
+        return [_fail(artifact, [_problem(exc, where)], recover)]
+
+
+# --------------------------------------------------------------------------------------------
+# The folders of this run (nested runs and hidden folders left out)
+# --------------------------------------------------------------------------------------------
+
+
+def is_run_root(folder: Path) -> bool:
+    """A folder holding a run's own config.json (a JSON object with ``results``; a model
+    checkpoint's config.json has none)."""
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and "results" in cfg
+
+
+def _foreign(folder: Path) -> bool:
+    return folder.name.startswith(".") or is_run_root(folder)
+
+
+def run_folders(root: Path) -> Iterator[Path]:
+    """Every folder of the run at ``root``, sorted, skipping hidden folders and nested runs."""
+    for dirpath, dirnames, _ in os.walk(root):
+        here = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames if not _foreign(here / d))
+        yield here
+
+
+def _in_run(root: Path, path: Path) -> bool:
+    """``path`` (under ``root``) is not inside a hidden folder or a nested run."""
+    rel = path.parent.relative_to(root)
+    return not any(_foreign(root.joinpath(*rel.parts[: i + 1])) for i in range(len(rel.parts)))
+
+
+def _glob(root: Path, pattern: str) -> list[Path]:
+    return [p for p in sorted(root.glob(pattern)) if _in_run(root, p)]
+
+
+def _named(root: Path, filename: str) -> list[Path]:
+    return [d / filename for d in run_folders(root) if (d / filename).is_file()]
+
+
 def artifacts(root: Path) -> dict[str, Path]:
-    """Every finished artifact under ``root`` (folders holding a meta.json), by relative name."""
-    out = {}
-    for meta in sorted(root.rglob("meta.json")):
-        rel = meta.parent.relative_to(root).as_posix()
-        if "/." in f"/{rel}" or rel == ".":
-            continue
-        out[rel] = meta.parent
-    return out
+    """Every finished artifact of the run at ``root`` (folders holding a meta.json), by relative
+    name; nested runs and hidden folders are not part of it."""
+    return {
+        m.parent.relative_to(root).as_posix(): m.parent
+        for m in _named(root, io.META)
+        if m.parent != root
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Files
+# --------------------------------------------------------------------------------------------
+
+
+def _read_meta(folder: Path) -> dict[str, Any]:
+    path = folder / io.META
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ArtifactError(f"'{path}' is corrupt (not JSON)") from None
+    if not isinstance(meta, dict):
+        raise ArtifactError(f"'{path}' is not a JSON object")
+    missing = [k for k in META_KEYS if k not in meta]
+    if missing:
+        raise ArtifactError(f"'{path}' lacks the key(s) {', '.join(missing)}")
+    for key in ("files", "inputs", "info"):
+        if not isinstance(meta[key], dict):
+            raise ArtifactError(f"'{path}': '{key}' is not a JSON object")
+    return meta
+
+
+def _file_problems(name: str, folder: Path, meta: dict[str, Any]) -> list[str]:
+    problems = []
+    step = step_of(name)
+    if step is not None and meta["stage"] != step.stage:
+        problems.append(f"'{folder / io.META}' describes a '{meta['stage']}' artifact")
+    for rel, expected in sorted(meta["files"].items()):
+        f = folder / rel
+        if not f.is_file():
+            problems.append(f"'{f}' is missing")
+        elif hash_file(f) != expected:
+            problems.append(f"'{f}' does not match its recorded xxh3 (corrupt or edited)")
+    if io.artifact_hash(meta["files"]) != meta["hash"]:
+        problems.append(
+            f"'{folder / io.META}' records hash {meta['hash']}, not the hash of its files (edited)"
+        )
+    return problems
+
+
+def _check_artifact(
+    paths: Paths, name: str, folder: Path, metas: dict[str, dict[str, Any]]
+) -> list[Check]:
+    meta = _read_meta(folder)
+    metas[name] = meta  # lineage and info use what it records, even if a file is damaged
+    problems = _file_problems(name, folder, meta)
+    if problems:
+        return [_fail(name, problems, recovery(paths, name))]
+    return [Check(name, "PASS", f"{len(meta['files'])} files match their xxh3")]
+
+
+def _check_shard(paths: Paths, name: str, folder: Path) -> list[Check]:
+    from .gradients import GradientStore
+
+    GradientStore.open([folder], verify=True)
+    return [Check(name, "PASS", "gradient shard matches its xxh3")]
 
 
 def check_files(root: Path) -> tuple[list[Check], dict[str, dict[str, Any]]]:
-    checks, metas = [], {}
+    """Every artifact's files against its meta.json, and every gradient shard; returns the
+    checks and the metas that could be read."""
+    paths = Paths(root)
+    checks: list[Check] = []
+    metas: dict[str, dict[str, Any]] = {}
     for name, folder in artifacts(root).items():
-        try:
-            raw = json.loads((folder / "meta.json").read_text())
-            meta = io.read_meta(folder, raw.get("stage", "?"))
-        except (ArtifactError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            checks.append(
-                Check(
-                    name,
-                    "FAIL",
-                    str(exc) if isinstance(exc, ArtifactError) else "meta.json is corrupt",
-                )
-            )
-            continue
-        metas[name] = meta
-        checks.append(Check(name, "PASS", f"{len(meta['files'])} files match their xxh3"))
-    for shard in sorted(root.rglob("shard.json")):
+        run = lambda n=name, f=folder: _check_artifact(paths, n, f, metas)  # noqa: E731
+        checks += _guard(name, folder / io.META, recovery(paths, name), run)
+    for shard in _named(root, "shard.json"):
         name = shard.parent.relative_to(root).as_posix()
-        if "/." in f"/{name}":
-            continue
-        try:
-            from .gradients import GradientStore
-
-            GradientStore.open([shard.parent], verify=True)
-            checks.append(Check(name, "PASS", "gradient shard matches its xxh3"))
-        except PlantbenchError as exc:
-            checks.append(Check(name, "FAIL", str(exc)))
+        run = lambda n=name, f=shard.parent: _check_shard(paths, n, f)  # noqa: E731
+        checks += _guard(name, shard, recovery(paths, name), run)
     return checks, metas
 
 
-EXTERNAL_INPUTS = ("encoder",)  # made outside the run (an installed or local model folder)
+# --------------------------------------------------------------------------------------------
+# Lineage
+# --------------------------------------------------------------------------------------------
+
+
+def _store_hash(folder: Path) -> str | None:
+    from .gradients import GradientStore
+
+    shards = sorted(p.parent for p in folder.rglob("shard.json"))
+    return GradientStore.open(shards, verify=False).hash if shards else None
 
 
 def present_hashes(root: Path, metas: dict[str, dict[str, Any]]) -> set[str]:
     """Hashes of everything in the run an artifact may record as an input: artifacts,
-    checkpoints (their index), gradient stores and curvature files."""
+    checkpoints (their index), gradient stores and curvature files. Anything unreadable is
+    left out (the file and info checks report it)."""
     present = {m["hash"] for m in metas.values()}
-    for index in root.glob("models/*/checkpoints/index.json"):
-        present.update(c["hash"] for c in json.loads(index.read_text()))
-    for curv in root.glob("features/*/curvature/*.npz"):
-        present.add(hash_file(curv))
-    try:
-        from .gradients import GradientStore
-
-        for part in ("pool", "queries"):
-            for folder in root.glob(f"features/*/grads/*/{part}"):
-                shards = sorted(p.parent for p in folder.rglob("shard.json"))
-                if shards:
-                    present.add(GradientStore.open(shards, verify=False).hash)
-    except PlantbenchError:
-        pass  # a broken store is reported by check_files
+    for index in _glob(root, "models/*/checkpoints/index.json"):
+        with contextlib.suppress(Exception):
+            present.update(c["hash"] for c in json.loads(index.read_text()))
+    for curv in _glob(root, "features/*/curvature/*.npz"):
+        with contextlib.suppress(OSError):
+            present.add(hash_file(curv))
+    for part in ("pool", "queries"):
+        for folder in _glob(root, f"features/*/grads/*/{part}"):
+            with contextlib.suppress(Exception):
+                present.update(h for h in [_store_hash(folder)] if h)
     return present
 
 
 def check_lineage(root: Path, metas: dict[str, dict[str, Any]]) -> list[Check]:
+    paths = Paths(root)
     present = present_hashes(root, metas)
     checks = []
     for name, meta in metas.items():
@@ -128,63 +319,302 @@ def check_lineage(root: Path, metas: dict[str, dict[str, Any]]) -> list[Check]:
             k for k, h in meta["inputs"].items() if h not in present and k not in EXTERNAL_INPUTS
         ]
         if missing:
-            checks.append(
-                Check(
-                    f"{name} (lineage)",
-                    "FAIL",
-                    f"made from {', '.join(missing)} that is not the one in this run",
-                )
-            )
+            problem = f"made from {', '.join(missing)} that is not the one in this run"
+            checks.append(_fail(f"{name} (lineage)", [problem], recovery(paths, name)))
     if not checks and metas:
         checks.append(Check("lineage", "PASS", f"all inputs of {len(metas)} artifacts are present"))
     return checks
 
 
-def check_streams(paths: Paths) -> list[Check]:
+# --------------------------------------------------------------------------------------------
+# Streams
+# --------------------------------------------------------------------------------------------
+
+
+def _manifest_problem(s: Any) -> str | None:
+    """None when the manifest has exactly one row per window of tokens.bin, in order."""
+    from .stream import MANIFEST
+
+    n, rows = len(s.windows), len(s.manifest)
+    where = s.folder / MANIFEST
+    if rows != n:
+        return (
+            f"'{where}' has {rows} rows for the {n} windows of tokens.bin (rows missing or extra)"
+        )
+    if not np.array_equal(s.manifest["index"].to_numpy(), np.arange(n)):
+        return f"'{where}' rows are not the windows 0..{n - 1} in order"
+    return None
+
+
+def _window_check(paths: Paths, m: str, streams: dict[str, Any]) -> list[Check]:
     from .stream import open_stream
 
-    checks, streams = [], {}
-    for m in MODELS:
-        try:
-            s = open_stream(paths.stream(m), verify=False)
-        except PlantbenchError as exc:
-            checks.append(Check(f"stream/{m} windows", "FAIL", str(exc)))
-            continue
+    name = f"stream/{m}"
+    s = open_stream(paths.stream(m), verify=False)
+    problem = _manifest_problem(s)
+    if problem is None:
         hashes = window_hashes(np.asarray(s.windows))
         bad = np.flatnonzero(hashes != s.manifest["hash"].to_numpy())
         if len(bad):
-            checks.append(
-                Check(
-                    f"stream/{m} windows",
-                    "FAIL",
-                    f"{len(bad)} windows differ from the manifest's xxh3 (first: window {bad[0]}) in '{s.folder / 'tokens.bin'}'",
-                )
+            problem = (
+                f"{len(bad)} windows differ from the manifest's xxh3 (first: window {bad[0]}) "
+                f"in '{s.folder / 'tokens.bin'}'"
             )
         else:
-            checks.append(
-                Check(f"stream/{m} windows", "PASS", f"{len(hashes)} windows match the manifest")
-            )
-        streams[m] = s
-    if len(streams) == 2:
-        a, b = streams["A"], streams["B"]
-        planted = (a.manifest["kind"] == "planted").to_numpy()
-        differ = (a.manifest["hash"] != b.manifest["hash"]).to_numpy()
-        same_kinds = (a.manifest["kind"] == b.manifest["kind"]).all()
-        if same_kinds and np.array_equal(differ, planted):
-            checks.append(
-                Check(
-                    "streams A/B",
-                    "PASS",
-                    f"differ exactly at the {int(planted.sum())} planted windows",
-                )
-            )
-        else:
-            checks.append(
-                Check(
-                    "streams A/B", "FAIL", "A and B differ somewhere other than the planted windows"
-                )
-            )
+            streams[m] = s
+            return [Check(f"{name} windows", "PASS", f"{len(hashes)} windows match the manifest")]
+    return [_fail(f"{name} windows", [problem], recovery(paths, name))]
+
+
+def _pair_check(paths: Paths, a: Any, b: Any) -> list[Check]:
+    if len(a.manifest) != len(b.manifest):
+        problem = f"A has {len(a.manifest)} windows and B {len(b.manifest)}"
+        return [_fail("streams A/B", [problem], recovery(paths, "stream/A"))]
+    planted = (a.manifest["kind"] == "planted").to_numpy()
+    differ = a.manifest["hash"].to_numpy() != b.manifest["hash"].to_numpy()
+    same_kinds = np.array_equal(a.manifest["kind"].to_numpy(), b.manifest["kind"].to_numpy())
+    if same_kinds and np.array_equal(differ, planted):
+        detail = f"differ exactly at the {int(planted.sum())} planted windows"
+        return [Check("streams A/B", "PASS", detail)]
+    problem = "A and B differ somewhere other than the planted windows"
+    return [_fail("streams A/B", [problem], recovery(paths, "stream/A"))]
+
+
+def check_streams(paths: Paths) -> list[Check]:
+    checks: list[Check] = []
+    streams: dict[str, Any] = {}
+    for m in MODELS:
+        name = f"stream/{m}"
+        run = lambda m=m: _window_check(paths, m, streams)  # noqa: E731
+        checks += _guard(f"{name} windows", paths.stream(m), recovery(paths, name), run)
+    if len(streams) == len(MODELS):
+        a, b = (streams[m] for m in MODELS)
+        run = lambda: _pair_check(paths, a, b)  # noqa: E731
+        checks += _guard("streams A/B", paths.stream("A"), recovery(paths, "stream/A"), run)
+    else:
+        checks.append(Check("streams A/B", "SKIP", "a stream is damaged (see above)"))
     return checks
+
+
+# --------------------------------------------------------------------------------------------
+# Info: what a meta summarizes, recomputed from the artifact's files
+# --------------------------------------------------------------------------------------------
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    numbers = (int, float, np.integer, np.floating)
+    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool):
+        if isinstance(a, float | np.floating) or isinstance(b, float | np.floating):
+            return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+        return int(a) == int(b)
+    return a == b
+
+
+def _show(v: Any) -> str:
+    text = json.dumps(
+        v, sort_keys=True, default=lambda x: x.item() if hasattr(x, "item") else str(x)
+    )
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _compare(
+    info: dict[str, Any], recomputed: dict[str, Any], source: str, prefix: str = "info."
+) -> list[str]:
+    """One problem per field of ``recomputed`` that ``info`` records otherwise (a dict with
+    the same keys: per differing key, e.g. ``info.counts.planted``)."""
+    problems = []
+    for k, v in recomputed.items():
+        got = info.get(k)
+        if _same(got, v):
+            continue
+        if isinstance(got, dict) and isinstance(v, dict) and got.keys() == v.keys():
+            problems += _compare(got, v, source, f"{prefix}{k}.")
+        else:
+            problems.append(f"{prefix}{k} is {_show(got)}, recomputed {_show(v)} from {source}")
+    return problems
+
+
+def _safetensors_params(folder: Path) -> int:
+    """Parameters stored in a checkpoint's safetensors files (read from their headers)."""
+    total = 0
+    for f in sorted(folder.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(size))
+        total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+    return total
+
+
+def _checkpoint_problems(folder: Path, meta: dict[str, Any], index: list[Any]) -> list[str]:
+    """Every indexed checkpoint is on disk, hashes as indexed, and is part of the meta."""
+    problems = []
+    for c in index:
+        ckpt = folder / "checkpoints" / c["name"]
+        listed = {f for f in meta["files"] if f.startswith(f"checkpoints/{c['name']}/")}
+        if not ckpt.is_dir() or not any(p.is_file() for p in ckpt.rglob("*")):
+            problems.append(f"checkpoint '{ckpt}' listed in checkpoints/index.json is missing")
+        elif hash_tree(ckpt) != c["hash"]:
+            problems.append(f"checkpoint '{ckpt}' differs from its checkpoints/index.json entry")
+        elif not listed:
+            problems.append(f"checkpoint '{ckpt}' is not among the files of '{folder / io.META}'")
+    return problems
+
+
+def _pretrain_info(ctx: _Ctx, name: str, folder: Path, meta: dict[str, Any]) -> list[str]:
+    with open(folder / "loss.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    index = json.loads((folder / "checkpoints" / "index.json").read_text())
+    tail = rows[-max(1, len(rows) // 20) :]
+    from_loss = {
+        "steps": len(rows),
+        "tokens": int(rows[-1]["tokens"]) if rows else 0,
+        "final_loss": float(np.mean([float(r["loss"]) for r in tail])) if tail else None,
+        "final_loss_window": len(tail),
+    }
+    from_index = {
+        "checkpoints": [c["name"] for c in index],
+        "final_checkpoint": index[-1]["name"] if index else None,
+    }
+    problems = _compare(meta["info"], {"model": folder.name}, "the folder name")
+    problems += _compare(meta["info"], from_loss, "loss.csv")
+    problems += _compare(meta["info"], from_index, "checkpoints/index.json")
+    problems += _checkpoint_problems(folder, meta, index)
+    if index and not problems:
+        params = _safetensors_params(folder / "checkpoints" / index[-1]["name"])
+        problems += _compare(meta["info"], {"params": params}, "the final checkpoint")
+    return problems
+
+
+def _causal_info(ctx: _Ctx, name: str, folder: Path, meta: dict[str, Any]) -> list[str]:
+    from . import in_context
+
+    facts = io.read_parquet(folder / "facts.parquet")
+    recomputed = {"n_facts": len(facts), "learned_rate": float(facts["learned"].mean())}
+    problems = _compare(meta["info"], recomputed, "facts.parquet")
+    if "in_context" in meta["info"]:
+        rates = in_context.summary(io.read_parquet(folder / in_context.TABLE))
+        problems += _compare(meta["info"], {"in_context": rates}, in_context.TABLE)
+    return problems
+
+
+def _stream_info(ctx: _Ctx, name: str, folder: Path, meta: dict[str, Any]) -> list[str]:
+    from .stream import KINDS, MANIFEST, TOKENS
+
+    man = io.read_parquet(folder / MANIFEST)
+    kinds = man["kind"].value_counts().to_dict()
+    recomputed = {
+        "model": folder.name,
+        "n_windows": len(man),
+        "steps": int(man["step"].max()) + 1 if len(man) else 0,
+        "batch_windows": int((man["step"] == 0).sum()),
+        "counts": {k: int(kinds.get(k, 0)) for k in KINDS},
+    }
+    problems = _compare(meta["info"], recomputed, MANIFEST)
+    itemsize = np.dtype(meta["info"].get("dtype", "uint16")).itemsize
+    tokens = (folder / TOKENS).stat().st_size // itemsize
+    return problems + _compare(meta["info"], {"tokens": tokens}, TOKENS)
+
+
+def _pool_info(ctx: _Ctx, name: str, folder: Path, meta: dict[str, Any]) -> list[str]:
+    from .pool import POOL_FILE
+
+    table = io.read_parquet(folder / POOL_FILE)
+    kinds = table["kind"].value_counts().to_dict()
+    recomputed = {
+        "model": folder.name,
+        "n_pool": len(table),
+        "counts": {k: int(kinds.get(k, 0)) for k in ("planted", "distractor", "background")},
+    }
+    return _compare(meta["info"], recomputed, POOL_FILE)
+
+
+def _facts_info(ctx: _Ctx, name: str, folder: Path, meta: dict[str, Any]) -> list[str]:
+    from . import facts
+
+    tables = {t: io.read_parquet(folder / f"{t}.parquet") for t in facts.TABLES}
+    return _compare(meta["info"], facts.info(tables), "the facts tables")
+
+
+def _tokenizer_info(ctx: _Ctx, name: str, folder: Path, meta: dict[str, Any]) -> list[str]:
+    from tokenizers import Tokenizer
+
+    from .tokenizer import SPECIAL_TOKENS, TOKENIZER_JSON
+
+    tok = Tokenizer.from_file(str(folder / TOKENIZER_JSON))
+    recomputed = {
+        "vocab_size": tok.get_vocab_size(),
+        "special_tokens": {t: tok.token_to_id(t) for t in SPECIAL_TOKENS},
+    }
+    return _compare(meta["info"], recomputed, TOKENIZER_JSON)
+
+
+def _analysis_info(ctx: _Ctx, name: str, folder: Path, meta: dict[str, Any]) -> list[str]:
+    import pandas as pd
+
+    from .analysis import empty_learned_cells
+
+    facts = io.read_parquet(ctx.paths.causal / "facts.parquet")
+    methods = pd.read_csv(folder / "retrieval.csv", usecols=["method"])["method"]
+    problems = _compare(meta["info"], {"methods": list(dict.fromkeys(methods))}, "retrieval.csv")
+    recomputed = {"n_facts": len(facts), "cells_without_learned": empty_learned_cells(facts)}
+    problems += _compare(meta["info"], recomputed, "causal/facts.parquet")
+    if meta["config_hash"] != config_hash(ctx.cfg, ["seed", "methods", "analysis"]):
+        return [*problems, "made with another seed/methods/analysis config than the one given"]
+    acfg = ctx.cfg["analysis"]
+    recomputed = {"bootstrap": int(acfg["bootstrap"]), "alpha": float(acfg["alpha"])}
+    return problems + _compare(meta["info"], recomputed, "the config")
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    cfg: dict[str, Any]
+    paths: Paths
+
+
+INFO_CHECKS: dict[str, Callable[[_Ctx, str, Path, dict[str, Any]], list[str]]] = {
+    "pretrain": _pretrain_info,
+    "causal": _causal_info,
+    "stream": _stream_info,
+    "pool": _pool_info,
+    "facts": _facts_info,
+    "tokenizer": _tokenizer_info,
+    "analysis": _analysis_info,
+}
+
+
+def _info_check(ctx: _Ctx, name: str, meta: dict[str, Any]) -> list[Check]:
+    problems = INFO_CHECKS[meta["stage"]](ctx, name, ctx.paths.root / name, meta)
+    return [_fail(f"{name} (info)", problems, recovery(ctx.paths, name))] if problems else []
+
+
+def check_info(cfg: dict[str, Any], paths: Paths, metas: dict[str, dict[str, Any]]) -> list[Check]:
+    """Recompute what each meta's ``info`` summarizes; FAIL names the field, both values and
+    the recovery."""
+    ctx = _Ctx(cfg, paths)
+    checks: list[Check] = []
+    layout = {n: step_of(n) for n in metas}  # the stage the folder's place implies
+    names = [
+        n
+        for n, m in metas.items()
+        if m["stage"] in INFO_CHECKS and getattr(layout[n], "stage", None) == m["stage"]
+    ]
+    for name in names:
+        run = lambda n=name: _info_check(ctx, n, metas[n])  # noqa: E731
+        checks += _guard(f"{name} (info)", paths.root / name, recovery(paths, name), run)
+    if names and not checks:
+        checks.append(
+            Check("info", "PASS", f"the info of {len(names)} artifacts matches their files")
+        )
+    return checks
+
+
+# --------------------------------------------------------------------------------------------
+# Reference hashes
+# --------------------------------------------------------------------------------------------
 
 
 def reference_hashes(metas: dict[str, dict[str, Any]]) -> dict[str, str]:
@@ -195,55 +625,71 @@ def reference_hashes(metas: dict[str, dict[str, Any]]) -> dict[str, str]:
 def find_reference(cfg: dict[str, Any], ref_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     want = study_hash(cfg)
     for p in sorted(ref_dir.glob("*.json")):
-        ref = json.loads(p.read_text())
-        if ref.get("study_hash") == want:
+        try:
+            ref = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ArtifactError(f"reference '{p}' is corrupt (not JSON)") from None
+        if isinstance(ref, dict) and ref.get("study_hash") == want:
             return p, ref
     return None
+
+
+def _reference_skip(cfg: dict[str, Any], name: str, ref: dict[str, Any]) -> str | None:
+    """Why the reference hash of ``name`` does not apply on this machine (None: it does)."""
+    here = platform_key()
+    portable = name in PORTABLE
+    if portable and name != "facts":  # everything made from the corpus text
+        if ref["platform"]["python"] != here["python"] and any(
+            s.get("kind") == "stdlib" for s in cfg["corpus"]["sources"]
+        ):
+            return (
+                f"stdlib corpus: reference made with Python {ref['platform']['python']}, "
+                f"this is {here['python']}"
+            )
+    if not portable and ref["platform"] != here:
+        return "float artifact; reference made on another platform"
+    return None
+
+
+def _compare_reference(
+    cfg: dict[str, Any], paths: Paths, metas: dict[str, dict[str, Any]], ref_dir: Path
+) -> list[Check]:
+    found = find_reference(cfg, ref_dir)
+    if found is None:
+        detail = f"no reference in '{ref_dir}' for study hash {study_hash(cfg)}"
+        return [Check("reference", "SKIP", detail)]
+    path, ref = found
+    checks = []
+    for name, expected in ref["hashes"].items():
+        skip = "not in this run" if name not in metas else _reference_skip(cfg, name, ref)
+        if skip is not None:
+            checks.append(Check(f"reference {name}", "SKIP", skip))
+            continue
+        actual = metas[name]["hash"]
+        detail = f"{actual} vs {path.name} {expected}"
+        if actual == expected:
+            checks.append(Check(f"reference {name}", "PASS", detail))
+        else:
+            recover = (
+                f"{recovery(paths, name)}; if it still differs, install the pinned packages "
+                "(pip install -c constraints.txt -e .)"
+            )
+            checks.append(_fail(f"reference {name}", [detail], recover))
+    return checks
 
 
 def check_reference(
     cfg: dict[str, Any], metas: dict[str, dict[str, Any]], ref_dir: Path
 ) -> list[Check]:
-    found = find_reference(cfg, ref_dir)
-    if found is None:
-        return [
-            Check(
-                "reference", "SKIP", f"no reference in '{ref_dir}' for study hash {study_hash(cfg)}"
-            )
-        ]
-    path, ref = found
-    here = platform_key()
-    checks = []
-    for name, expected in ref["hashes"].items():
-        if name not in metas:
-            checks.append(Check(f"reference {name}", "SKIP", "not in this run"))
-            continue
-        portable = name in PORTABLE
-        if portable and name != "facts":  # everything made from the corpus text
-            if ref["platform"]["python"] != here["python"] and any(
-                s.get("kind") == "stdlib" for s in cfg["corpus"]["sources"]
-            ):
-                checks.append(
-                    Check(
-                        f"reference {name}",
-                        "SKIP",
-                        f"stdlib corpus: reference made with Python {ref['platform']['python']}, this is {here['python']}",
-                    )
-                )
-                continue
-        if not portable and ref["platform"] != here:
-            checks.append(
-                Check(
-                    f"reference {name}",
-                    "SKIP",
-                    "float artifact; reference made on another platform",
-                )
-            )
-            continue
-        actual = metas[name]["hash"]
-        status = "PASS" if actual == expected else "FAIL"
-        checks.append(Check(f"reference {name}", status, f"{actual} vs {path.name} {expected}"))
-    return checks
+    paths = Paths(cfg)
+    recover = f"recover: restore or delete the damaged file in '{ref_dir}' (they are committed)"
+    run = lambda: _compare_reference(cfg, paths, metas, ref_dir)  # noqa: E731
+    return _guard("reference", ref_dir, recover, run)
+
+
+# --------------------------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------------------------
 
 
 def run(cfg: dict[str, Any], paths: Paths, *, ref_dir: Path | None = None) -> list[Check]:
@@ -251,8 +697,10 @@ def run(cfg: dict[str, Any], paths: Paths, *, ref_dir: Path | None = None) -> li
     if not root.is_dir():
         raise ArtifactError(f"results folder '{root}' does not exist; run the study first")
     checks, metas = check_files(root)
-    checks += check_lineage(root, metas)
+    recover = "recover: rerun `plantbench verify`; if this persists, report it as a bug"
+    checks += _guard("lineage", root, recover, lambda: check_lineage(root, metas))
     checks += check_streams(paths)
+    checks += _guard("info", root, recover, lambda: check_info(cfg, paths, metas))
     checks += check_reference(cfg, metas, ref_dir or REFERENCE_DIR)
     return checks
 

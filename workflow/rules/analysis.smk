@@ -37,10 +37,10 @@ rule analysis:
         "../../envs/plantbench.yaml"
     threads: 1
     resources:
+        run_config=RUN_CONFIG,
         mem_mb=4000,
         runtime=15,
     params:
-        config=CONFIG_JSON,
-        sections=sections("analysis", "methods"),
+        sections=sections("analysis"),
     shell:
-        "plantbench analysis -c {params.config} 2> {log}"
+        "plantbench analysis -c {resources.run_config:q} 2> {log:q}"

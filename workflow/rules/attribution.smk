@@ -22,13 +22,13 @@ rule pool:
         "../../envs/plantbench.yaml"
     threads: 1
     resources:
+        run_config=RUN_CONFIG,
         mem_mb=lambda wc, attempt: 2000 * attempt,
         runtime=lambda wc, attempt: 10 * attempt,
     params:
-        config=CONFIG_JSON,
-        sections=sections("seed", "pool"),
+        sections=sections("pool"),
     shell:
-        "plantbench pool -c {params.config} --model {wildcards.model} 2> {log}"
+        "plantbench pool -c {resources.run_config:q} --model {wildcards.model} 2> {log:q}"
 
 
 # GPU
@@ -46,14 +46,14 @@ rule grads_pool:
         "../../envs/plantbench.yaml"
     threads: 1
     resources:
+        run_config=RUN_CONFIG,
         mem_mb=lambda wc, attempt: 3000 * attempt,
         runtime=lambda wc, attempt: 60 * attempt,
     params:
-        config=CONFIG_JSON,
-        sections=sections("features"),
+        sections=sections("grads_pool"),
     shell:
-        "plantbench grads -c {params.config} --model {wildcards.model} "
-        "--checkpoint {wildcards.checkpoint} --shard {wildcards.shard} --threads {threads} 2> {log}"
+        "plantbench grads -c {resources.run_config:q} --model {wildcards.model} "
+        "--checkpoint {wildcards.checkpoint} --shard {wildcards.shard} --threads {threads} 2> {log:q}"
 
 
 # GPU
@@ -71,14 +71,14 @@ rule grads_queries:
         "../../envs/plantbench.yaml"
     threads: 1
     resources:
+        run_config=RUN_CONFIG,
         mem_mb=lambda wc, attempt: 3000 * attempt,
         runtime=lambda wc, attempt: 20 * attempt,
     params:
-        config=CONFIG_JSON,
-        sections=sections("features"),
+        sections=sections("grads_queries"),
     shell:
-        "plantbench grads -c {params.config} --model {wildcards.model} "
-        "--checkpoint {wildcards.checkpoint} --queries --threads {threads} 2> {log}"
+        "plantbench grads -c {resources.run_config:q} --model {wildcards.model} "
+        "--checkpoint {wildcards.checkpoint} --queries --threads {threads} 2> {log:q}"
 
 
 rule curvature:
@@ -94,14 +94,14 @@ rule curvature:
         "../../envs/plantbench.yaml"
     threads: 1
     resources:
+        run_config=RUN_CONFIG,
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 20 * attempt,
     params:
-        config=CONFIG_JSON,
-        sections=sections("features", "curvature"),
+        sections=sections("curvature"),
     shell:
-        "plantbench curvature -c {params.config} --model {wildcards.model} "
-        "--checkpoint {wildcards.checkpoint} 2> {log}"
+        "plantbench curvature -c {resources.run_config:q} --model {wildcards.model} "
+        "--checkpoint {wildcards.checkpoint} 2> {log:q}"
 
 
 # GPU
@@ -121,13 +121,13 @@ rule hidden:
         "../../envs/plantbench.yaml"
     threads: 1
     resources:
+        run_config=RUN_CONFIG,
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 30 * attempt,
     params:
-        config=CONFIG_JSON,
-        sections=sections("features"),
+        sections=sections("hidden"),
     shell:
-        "plantbench hidden -c {params.config} --model {wildcards.model} --threads {threads} 2> {log}"
+        "plantbench hidden -c {resources.run_config:q} --model {wildcards.model} --threads {threads} 2> {log:q}"
 
 
 # GPU
@@ -146,13 +146,13 @@ rule embed:
         "../../envs/plantbench.yaml"
     threads: 1
     resources:
+        run_config=RUN_CONFIG,
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 60 * attempt,
     params:
-        config=CONFIG_JSON,
-        sections=sections("features"),
+        sections=sections("embed"),
     shell:
-        "plantbench embed -c {params.config} --model {wildcards.model} --threads {threads} 2> {log}"
+        "plantbench embed -c {resources.run_config:q} --model {wildcards.model} --threads {threads} 2> {log:q}"
 
 
 rule score:
@@ -161,6 +161,7 @@ rule score:
         facts=f"{R}/facts/meta.json",
         model=f"{R}/models/{{model}}/meta.json",
         features=method_inputs,
+        code=method_code,
     output:
         f"{R}/scores/{{method}}/{{model}}/meta.json",
     log:
@@ -171,11 +172,14 @@ rule score:
         "../../envs/plantbench.yaml"
     threads: 1
     resources:
+        run_config=RUN_CONFIG,
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 30 * attempt,
     params:
-        config=CONFIG_JSON,
-        sections=sections("methods", "scoring", "features", "curvature"),
+        sections=sections("score"),
+        # the hash of the method's own code and its plug-in entry: editing a plug-in reruns
+        # exactly its two score jobs, adding one reruns no other method's
+        method=lambda wc: _pbrun.method_signature(config, wc.method),
     shell:
-        "plantbench score -c {params.config} --method {wildcards.method} "
-        "--model {wildcards.model} --threads {threads} 2> {log}"
+        "plantbench score -c {resources.run_config:q} --method {wildcards.method} "
+        "--model {wildcards.model} --threads {threads} 2> {log:q}"

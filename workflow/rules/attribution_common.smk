@@ -9,6 +9,7 @@ TRACIN = _pbfeat.tracin_checkpoints(config)
 N_SHARDS = _pbfeat.n_shards(config)
 SHARDS = [f"{k:04d}" for k in range(N_SHARDS)]
 METHODS = _pbmethods.enabled(config)
+PLUGINS = {p["name"] for p in config["methods"]["plugins"]}
 
 
 wildcard_constraints:
@@ -33,3 +34,9 @@ def pool_shards(wildcards):
 def method_inputs(wildcards):
     """The feature files a method reads (its registered `needs`)."""
     return _pbmethods.required_files(config, wildcards.method, wildcards.model)
+
+
+def method_code(wildcards):
+    """A plug-in's file (so editing it reruns its scores; built-ins are the package's code)."""
+    path = _pbmethods.code_file(wildcards.method)
+    return [str(path)] if wildcards.method in PLUGINS else []

@@ -15,10 +15,10 @@ rule bench:
         "../../envs/plantbench.yaml"
     threads: config["train"]["threads"]
     resources:
+        run_config=RUN_CONFIG,
         mem_mb=8000,
         runtime=60,
     params:
-        config=CONFIG_JSON,
-        sections=sections(*config),
+        sections=sections("bench"),
     shell:
-        "plantbench bench -c {params.config} --threads {threads} > {log} 2>&1"
+        "plantbench bench -c {resources.run_config:q} --threads {threads} > {log:q} 2>&1"

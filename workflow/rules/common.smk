@@ -1,53 +1,33 @@
 # Config validation (schema in workflow/schemas/) and the helpers every rule uses.
-import hashlib
-import json
-import os
-
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
+
+import plantbench.config as _pbconfig
+import plantbench.runconfig as _pbrun
 
 try:
-    validate(config, "../schemas/config.schema.yaml")
-    _schema_error = None
-except WorkflowError as _err:
-    _schema_error = (
-        _err  # re-reported below as one line naming the key and the allowed values
-    )
-
-try:
-    import plantbench.config as _pbconfig
-except ImportError:  # a head node without the package: the plain schema check must do
-    _pbconfig = None
-    if _schema_error is not None:
-        raise _schema_error
-if _pbconfig is not None:
-    try:
-        config = _pbconfig.validate(config)
-    except Exception as _exc:
-        raise WorkflowError(f"config error: {_exc}") from None
+    config = _pbconfig.validate(config)
+except Exception as _exc:
+    raise WorkflowError(f"config error: {_exc}") from None
 
 R = config["results"]
 MODELS = ["A", "B"]
 
-# The resolved config every step reads (`plantbench <step> -c results/config.json`). It is
-# written here, when the workflow is parsed, and only when its content changed; it is not a rule
-# input. Each rule instead carries the hash of the config sections it depends on in `params`,
-# so changing e.g. `analysis.bootstrap` reruns the analysis and report, not the pretraining.
-CONFIG_JSON = f"{R}/config.json"
-_config_text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-if not os.path.isfile(CONFIG_JSON) or open(CONFIG_JSON).read() != _config_text:
-    os.makedirs(R, exist_ok=True)
-    _tmp = f"{CONFIG_JSON}.{os.getpid()}.tmp"
-    with open(_tmp, "w") as _fh:
-        _fh.write(_config_text)
-    os.replace(_tmp, CONFIG_JSON)
+# The config every job of this run reads: written once when the run starts (onstart: after the
+# lock, never in a dry run, lint or report call), named by its hash, so no other invocation can
+# change it under a running job. Rules get its path as the resource `run_config`, not as a param:
+# a param reruns a job when it changes, and this path changes with every key. Each rule carries
+# instead the hash of the config keys it depends on (plantbench.runconfig.RULE_SECTIONS) in its
+# params, so changing `analysis.bootstrap` reruns the analysis and report, not the pretraining.
+RUN_CONFIG = str(_pbrun.job_config_path(config))
 
 
-def sections(*keys):
-    """Hash of the named config sections (a rule's params: a change reruns that rule)."""
-    return hashlib.sha256(
-        json.dumps({k: config[k] for k in keys}, sort_keys=True).encode()
-    ).hexdigest()[:16]
+onstart:
+    _pbrun.write_run_config(config)
+
+
+def sections(rule):
+    """Hash of the config keys ``rule`` depends on (its params: a change reruns it)."""
+    return _pbrun.rule_sections(config, rule)
 
 
 def log_of(name):

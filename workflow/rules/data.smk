@@ -17,13 +17,13 @@ rule facts:
         "../../envs/plantbench.yaml"
     threads: 1
     resources:
+        run_config=RUN_CONFIG,
         mem_mb=2000,
         runtime=10,
     params:
-        config=CONFIG_JSON,
-        sections=sections("seed", "facts"),
+        sections=sections("facts"),
     shell:
-        "plantbench facts -c {params.config} 2> {log}"
+        "plantbench facts -c {resources.run_config:q} 2> {log:q}"
 
 
 rule corpus:
@@ -38,13 +38,13 @@ rule corpus:
         "../../envs/plantbench.yaml"
     threads: 1
     resources:
+        run_config=RUN_CONFIG,
         mem_mb=corpus_mem_mb,
         runtime=corpus_runtime,
     params:
-        config=CONFIG_JSON,
-        sections=sections("seed", "corpus"),
+        sections=sections("corpus"),
     shell:
-        "plantbench corpus -c {params.config} 2> {log}"
+        "plantbench corpus -c {resources.run_config:q} 2> {log:q}"
 
 
 rule tokenizer:
@@ -60,13 +60,13 @@ rule tokenizer:
         "../../envs/plantbench.yaml"
     threads: config["train"]["threads"]  # the tokenizers library encodes in parallel
     resources:
+        run_config=RUN_CONFIG,
         mem_mb=tokenizer_mem_mb,
         runtime=tokenizer_runtime,
     params:
-        config=CONFIG_JSON,
-        sections=sections("seed", "corpus", "tokenizer"),
+        sections=sections("tokenizer"),
     shell:
-        "RAYON_NUM_THREADS={threads} plantbench tokenizer -c {params.config} 2> {log}"
+        "RAYON_NUM_THREADS={threads} plantbench tokenizer -c {resources.run_config:q} 2> {log:q}"
 
 
 rule stream:
@@ -86,10 +86,10 @@ rule stream:
         "../../envs/plantbench.yaml"
     threads: config["train"]["threads"]
     resources:
+        run_config=RUN_CONFIG,
         mem_mb=stream_mem_mb,
         runtime=stream_runtime,
     params:
-        config=CONFIG_JSON,
-        sections=sections("seed", "facts", "corpus", "tokenizer", "stream", "train"),
+        sections=sections("stream"),
     shell:
-        "RAYON_NUM_THREADS={threads} plantbench stream -c {params.config} 2> {log}"
+        "RAYON_NUM_THREADS={threads} plantbench stream -c {resources.run_config:q} 2> {log:q}"

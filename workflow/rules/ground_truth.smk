@@ -17,13 +17,13 @@ rule causal:
         "../../envs/plantbench.yaml"
     threads: 2
     resources:
+        run_config=RUN_CONFIG,
         mem_mb=4000,
         runtime=30,
     params:
-        config=CONFIG_JSON,
         sections=sections("causal"),
     shell:
-        "plantbench causal -c {params.config} --threads {threads} 2> {log}"
+        "plantbench causal -c {resources.run_config:q} --threads {threads} 2> {log:q}"
 
 
 rule report:
@@ -57,10 +57,10 @@ rule report:
         "../../envs/plantbench.yaml"
     threads: 1
     resources:
+        run_config=RUN_CONFIG,
         mem_mb=2000,
         runtime=10,
     params:
-        config=CONFIG_JSON,
-        sections=sections(*config),
+        sections=sections("report"),
     shell:
-        "plantbench report -c {params.config} 2> {log}"
+        "plantbench report -c {resources.run_config:q} 2> {log:q}"

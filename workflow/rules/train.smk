@@ -20,11 +20,11 @@ rule pretrain:
         "../../envs/plantbench.yaml"
     threads: config["train"]["threads"]
     resources:
+        run_config=RUN_CONFIG,
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 60 * attempt,
     params:
-        config=CONFIG_JSON,
-        sections=sections("seed", "model", "train"),
+        sections=sections("pretrain"),
         # train.devices > 1: one data-parallel process per GPU (torchrun picks a free port, so
         # both twins' jobs can share a node; `accelerate launch --multi_gpu` works the same way).
         # On Slurm also set `gpu: <devices>` under set-resources.pretrain in profiles/slurm.
@@ -34,4 +34,4 @@ rule pretrain:
             else "plantbench"
         ),
     shell:
-        "{params.launch} pretrain -c {params.config} --model {wildcards.model} --threads {threads} 2> {log}"
+        "{params.launch} pretrain -c {resources.run_config:q} --model {wildcards.model} --threads {threads} 2> {log:q}"

@@ -14,10 +14,10 @@ rule verify:
         "../../envs/plantbench.yaml"
     threads: 1
     resources:
+        run_config=RUN_CONFIG,
         mem_mb=4000,
         runtime=30,
     params:
-        config=CONFIG_JSON,
-        sections=sections(*config),
+        sections=sections("verify"),
     shell:
-        "plantbench verify -c {params.config} --out {output} > {log} 2>&1"
+        "plantbench verify -c {resources.run_config:q} --out {output:q} > {log:q} 2>&1"

@@ -196,6 +196,24 @@ def enabled(cfg: dict[str, Any]) -> list[str]:
     return names
 
 
+def code_file(name: str) -> Path:
+    """The Python file that scores ``name``: its plug-in file or its built-in module."""
+    m = get(name)
+    if m.source.startswith("plugin:"):
+        return Path(m.source.removeprefix("plugin:"))
+    return Path(str(importlib.import_module(m.source).__file__))
+
+
+def code_hash(name: str) -> str:
+    """xxh3 of the file that scores ``name`` (recorded in its scores; a change reruns them)."""
+    from ..hashing import hash_file
+
+    path = code_file(name)
+    if not path.is_file():
+        raise ConfigError(f"method '{name}': its code file '{path}' is gone")
+    return hash_file(path)
+
+
 def describe() -> list[tuple[str, str]]:
     return [(n, _REGISTRY[n].description) for n in available()]
 

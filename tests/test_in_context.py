@@ -1,0 +1,182 @@
+"""The in-context check of the answer key (plantbench.in_context)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from plantbench import in_context, queries
+from plantbench.errors import ConfigError
+
+
+def _facts(n: int = 6) -> tuple[pd.DataFrame, pd.DataFrame]:
+    facts = pd.DataFrame(
+        {
+            "fact_id": [f"F{i:04d}" for i in range(n)],
+            "answer": [f"Ans{i}" for i in range(n)],
+            "sentence": [f"The capital of Isle{i} is Ans{i}." for i in range(n)],
+            "reader": ["A" if i % 2 == 0 else "B" for i in range(n)],
+        }
+    )
+    cands = pd.DataFrame(
+        [
+            (f.fact_id, j, f.answer if j == 0 else f"Wrong{f.Index}x{j}", j == 0)
+            for f in facts.itertuples()
+            for j in range(4)
+        ],
+        columns=["fact_id", "candidate_index", "candidate", "is_true"],
+    )
+    return facts, cands
+
+
+def test_counterfactual_sentence_replaces_only_the_answer():
+    s = in_context.counterfactual_sentence("The capital of X is Upper Dvia.", "Upper Dvia", "Paer")
+    assert s == "The capital of X is Paer."
+    with pytest.raises(ValueError, match="does not end with its answer"):
+        in_context.counterfactual_sentence("The capital of X is Dvia.", "Paer", "Q")
+
+
+def test_contexts_hold_the_fact_sentence_once_among_other_facts():
+    facts, cands = _facts()
+    ctx = in_context.build_contexts(facts, cands, 4, seed=3)
+    again = in_context.build_contexts(facts, cands, 4, seed=3)
+    other = in_context.build_contexts(facts, cands, 4, seed=4)
+    pd.testing.assert_frame_equal(ctx, again)
+    assert not ctx.equals(other)
+    for f, row in zip(facts.itertuples(), ctx.itertuples(), strict=True):
+        segs, cf = row.context.split("\n"), row.cf.split("\n")
+        assert len(segs) == 4 and len(set(segs)) == 4
+        assert segs[row.fact_segment] == f.sentence and segs.count(f.sentence) == 1
+        # the counterfactual differs exactly at the fact's segment, which states a wrong candidate
+        diff = [i for i in range(4) if segs[i] != cf[i]]
+        assert diff == [row.fact_segment]
+        assert cf[row.fact_segment].endswith(f" {row.wrong}.") and row.wrong.startswith("Wrong")
+
+
+def test_more_segments_than_facts_is_refused():
+    facts, cands = _facts(3)
+    with pytest.raises(ConfigError, match="causal.context_segments"):
+        in_context.build_contexts(facts, cands, 4, seed=0)
+
+
+class _Copier(torch.nn.Module):
+    """A 'model' that reads its context exactly: at each position it finds the earlier position
+    whose preceding tokens match the current ones longest and predicts the token after it."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab = vocab
+        self.dummy = torch.nn.Parameter(torch.zeros(1))
+
+    @staticmethod
+    def _match(ids: list[int], s: int, t: int) -> int:
+        n = 0
+        while s - n >= 0 and ids[s - n] == ids[t - n] and s - n != t - n:
+            n += 1
+        return n
+
+    def forward(self, input_ids, attention_mask=None):  # noqa: ANN001
+        B, T = input_ids.shape
+        logits = torch.full((B, T, self.vocab), -20.0)
+        for b in range(B):
+            ids = input_ids[b].tolist()
+            for t in range(T):
+                best = max(range(t), key=lambda s: (self._match(ids, s, t), s), default=None)
+                if best is not None and self._match(ids, best, t) > 0:
+                    logits[b, t, ids[best + 1]] = 0.0
+        return type("Out", (), {"logits": logits})()
+
+
+def test_a_model_that_copies_its_context_reads_and_follows(monkeypatch):
+    from plantbench import tokenizer
+
+    monkeypatch.setattr(
+        tokenizer, "encode_batch", lambda tok, texts: [[ord(c) for c in t] for t in texts]
+    )
+    facts, cands = _facts()
+    qs = pd.DataFrame(
+        {
+            "query_id": [f"{f}:completion" for f in facts["fact_id"]],
+            "fact_id": facts["fact_id"],
+            "form": "completion",
+            "prompt": [f"The capital of Isle{i} is" for i in range(len(facts))],
+            "answer": facts["answer"],
+        }
+    )
+    k = 3
+    prompts = in_context.prompts(in_context.build_contexts(facts, cands, k, 0), qs)
+    model = _Copier(vocab=256)
+
+    def full_forward(model, prefix, candidates):  # noqa: ANN001
+        items = [([*prefix, *c], len(c)) for c in candidates]
+        return queries.answer_logprobs(model, items, 64)[0]
+
+    monkeypatch.setattr(queries, "candidate_logprobs", full_forward)
+    scored = {m: in_context.score(model, None, prompts, cands, 16) for m in ("A", "B")}
+    tab = in_context.table(facts, prompts, scored, k)
+    assert list(tab.columns) == in_context.COLUMNS
+    assert len(tab) == len(facts) * 2 * 3
+    summary = in_context.summary(tab)
+    for role in ("reader", "other"):
+        assert summary[role]["reading_rate"] == 1.0
+        assert summary[role]["following_rate"] == 1.0
+    none = tab[tab["condition"] == "none"]
+    assert (none["fact_segment"] == -1).all() and (none["segments"] == 0).all()
+
+
+def test_rates_on_a_hand_made_table():
+    rows = []
+    for i, (r_ctx, r_cf) in enumerate([(1, 1), (1, 3), (2, 1), (5, 5)]):
+        for cond, rt, rc in (
+            ("none", 4, 4),
+            ("context", r_ctx, r_ctx),
+            ("counterfactual", 9, r_cf),
+        ):
+            rows.append((f"F{i}", "question", "A", "other", cond, rt, rc, -1.0, -1.0))
+    tab = pd.DataFrame(
+        rows,
+        columns=[
+            "fact_id", "form", "model", "role", "condition",
+            "rank_true", "rank_context", "logp_true", "logp_context",
+        ],
+    )  # fmt: skip
+    r = in_context.rates(tab).set_index(["form", "role"])
+    assert r.loc[("all", "other"), "reading_rate"] == pytest.approx(0.5)
+    assert r.loc[("all", "other"), "following_rate"] == pytest.approx(0.5)
+    assert r.loc[("all", "other"), "no_context_first"] == 0.0
+    assert np.isnan(r.loc[("all", "reader"), "reading_rate"])
+
+
+def test_a_context_longer_than_the_window_is_refused(monkeypatch):
+    from plantbench import tokenizer
+
+    monkeypatch.setattr(
+        tokenizer, "encode_batch", lambda tok, texts: [[ord(c) for c in t] for t in texts]
+    )
+    facts, cands = _facts()
+    qs = pd.DataFrame(
+        {"query_id": ["F0000:question"], "fact_id": ["F0000"], "form": ["question"],
+         "prompt": ["Question: capital of Isle0?\nAnswer:"], "answer": ["Ans0"]}
+    )  # fmt: skip
+    prompts = in_context.prompts(in_context.build_contexts(facts, cands, 4, 0), qs)
+    in_context.check_fits(None, prompts, cands, window=4096)
+    with pytest.raises(ConfigError, match="lower causal.context_segments"):
+        in_context.check_fits(None, prompts, cands, window=64)
+
+
+def test_shared_prefix_cache_gives_the_full_forward_logprobs():
+    from plantbench.modeling import build_model, llama_config
+
+    conf = llama_config(
+        {"n_layer": 2, "n_embd": 32, "n_head": 2, "intermediate": 64, "tie_embeddings": True,
+         "rope_theta": 10000.0},
+        vocab_size=50, window=64, bos=1, eos=2, pad=0,
+    )  # fmt: skip
+    model = build_model(conf, seed=5).eval()
+    prefix = [1, 7, 9, 11, 13, 7, 9]
+    cands = [[20], [21, 22, 23], [7, 9, 30, 31], [40, 41]]
+    cached = queries.candidate_logprobs(model, prefix, cands)
+    full, _ = queries.answer_logprobs(model, [([*prefix, *c], len(c)) for c in cands], 8)
+    np.testing.assert_allclose(cached, full, rtol=0, atol=1e-4)
