@@ -315,3 +315,22 @@ def test_raising_max_background_passes_lets_the_tiny_corpus_through(tmp_path, ca
         assert main([step, "-c", cfg]) == 0, step
     info = json.loads((tmp_path / "results" / "stream" / "A" / "meta.json").read_text())["info"]
     assert 4 < info["background_epochs"] <= 1000
+
+
+def test_clean_results_keeps_the_committed_reference_and_readme(tmp_path):
+    """`make clean-results` removes what runs wrote under results/, never results/reference/."""
+    import shutil
+    import subprocess
+
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    (tmp_path / "results" / "reference").mkdir(parents=True)
+    (tmp_path / "results" / "reference" / "default.json").write_text("{}")
+    (tmp_path / "results" / "README.md").write_text("docs")
+    for made in ("facts/meta.json", "config.json", ".plantbench/config/x.json"):
+        (tmp_path / "results" / made).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "results" / made).write_text("{}")
+    subprocess.run(["make", "-s", "clean-results"], cwd=tmp_path, check=True)
+    left = sorted(
+        p.relative_to(tmp_path / "results").as_posix() for p in (tmp_path / "results").rglob("*")
+    )
+    assert left == ["README.md", "reference", "reference/default.json"]
