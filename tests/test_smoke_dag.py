@@ -270,13 +270,20 @@ def test_dry_run_lint_and_a_refused_call_write_nothing(tmp_path, plugin_config):
     assert not results.exists()
 
 
-def test_dry_run_on_a_finished_run_leaves_its_config_alone(smoke_run, plugin_config, tmp_path):
+def test_dry_run_and_report_on_a_finished_run_leave_its_config_alone(
+    smoke_run, plugin_config, tmp_path
+):
     before = {p: p.read_bytes() for p in sorted(smoke_run.glob("**/config*.json"))}
     before |= {p: p.read_bytes() for p in sorted((smoke_run / ".plantbench").rglob("*.json"))}
     override = tmp_path / "other.yaml"
     override.write_text("analysis:\n  bootstrap: 50\n")
     proc = snakemake(smoke_run, "-n", configfiles=(str(plugin_config), str(override)))
     assert proc.returncode == 0
+    report = tmp_path / "report.html"
+    proc = snakemake(
+        smoke_run, "--report", str(report), configfiles=(str(plugin_config), str(override))
+    )
+    assert proc.returncode == 0 and report.is_file(), proc.stderr[-2000:]
     after = {p: p.read_bytes() for p in sorted(smoke_run.glob("**/config*.json"))}
     after |= {p: p.read_bytes() for p in sorted((smoke_run / ".plantbench").rglob("*.json"))}
     assert after == before

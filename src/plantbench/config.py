@@ -242,6 +242,15 @@ def _check_grid_fits(cfg: dict[str, Any]) -> None:
             f"{n_facts * int(f['distractors_per_entity'])} distractor windows exceed the {n} windows; "
             "raise train.steps or lower facts.distractors_per_entity"
         )
+    documents = planted + n_facts * int(f["distractors_per_entity"])
+    share = float(cfg["stream"].get("episode_share", 0.0))
+    episodes = int(round(share * n))
+    if episodes and documents + episodes >= n:
+        raise ConfigError(
+            f"config key 'stream.episode_share' = {share} asks for {episodes} episode windows, but "
+            f"the stream's {n} windows already hold {documents} planted and distractor documents "
+            "and the background needs at least one; lower stream.episode_share"
+        )
 
 
 def _check_corpus(c: dict[str, Any]) -> None:

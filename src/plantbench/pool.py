@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import io
+from . import episodes, io
 from .config import config_hash
 from .errors import ArtifactError
 from .paths import MODELS, Paths
@@ -60,7 +60,9 @@ def pool_counts(cfg: dict[str, Any]) -> dict[str, int]:
         * int(f["facts_per_cell"])
     )
     distractor = n_facts * int(f["distractors_per_entity"])
-    background = n_windows(cfg) - planted - distractor  # A and B share planted slots
+    n = n_windows(cfg)
+    # A and B share planted slots; reading episodes are not background
+    background = n - planted - distractor - episodes.count(cfg, n)
     random = min(int(cfg["pool"]["random_windows"]), max(background, 0))
     return {"planted": planted, "distractor": distractor, "background": random}
 

@@ -11,6 +11,9 @@ Layout rules (see results/README.md):
 - A document window is ``<bos> document <eos>`` followed by held-out padding text taken from a
   fixed offset that depends only on the window index, so A and B pad identically wherever they
   read the same document.
+- Reading episodes (``stream.episode_share`` of the windows, default none; see
+  :mod:`plantbench.episodes`) take seeded free windows anywhere, padded like documents, the same
+  in A and B.
 - Every other window is background: ``<bos> doc <eos>`` training documents concatenated in a
   seeded order and cut into consecutive windows (both models read the same background). When
   the stream is longer than the train split, another pass follows in a new seeded order; more
@@ -47,7 +50,7 @@ from .rng import rng
 
 log = logging.getLogger(__name__)
 
-KINDS = ("background", "planted", "distractor")
+KINDS = ("background", "planted", "distractor", "episode")
 TOKENS = "tokens.bin"
 MANIFEST = "manifest.parquet"
 PROGRESS_EVERY = 256  # batches of documents between progress lines
@@ -89,9 +92,14 @@ def span_windows(cfg: dict[str, Any], position: str) -> range:
 
 
 def plan_slots(
-    cfg: dict[str, Any], facts: pd.DataFrame, documents: pd.DataFrame, distractors: pd.DataFrame
+    cfg: dict[str, Any],
+    facts: pd.DataFrame,
+    documents: pd.DataFrame,
+    distractors: pd.DataFrame,
+    episode_ids: list[str] | None = None,
 ) -> list[Slot]:
-    """Assign every planted and distractor document to a window index (seeded)."""
+    """Assign every planted and distractor document, then every reading episode, to a window
+    index (seeded; episodes take free windows anywhere, the same in A and B)."""
     seed = cfg["seed"]
     n = n_windows(cfg)
     taken = np.zeros(n, dtype=bool)
@@ -144,8 +152,25 @@ def plan_slots(
     for idx, j in zip(chosen, order, strict=True):
         row = drows.iloc[int(j)]
         slots.append(Slot(int(idx), "distractor", row.doc_id, row.doc_id, row.fact_id, row.fact_id))
+        taken[idx] = True
+    slots += _episode_slots(cfg, taken, episode_ids or [])
     slots.sort(key=lambda s: s.index)
     return slots
+
+
+def _episode_slots(cfg: dict[str, Any], taken: np.ndarray, episode_ids: list[str]) -> list[Slot]:
+    if not episode_ids:
+        return []
+    free = np.flatnonzero(~taken)
+    if len(episode_ids) >= len(free):
+        raise ConfigError(
+            f"config key 'stream.episode_share' asks for {len(episode_ids)} episode windows but "
+            f"only {len(free)} windows are left after the grid, and the background needs some; "
+            "lower stream.episode_share"
+        )
+    g = rng(cfg["seed"], "stream-episodes")
+    chosen = np.sort(g.choice(free, size=len(episode_ids), replace=False))
+    return [Slot(int(i), "episode", e, e, "", "") for i, e in zip(chosen, episode_ids, strict=True)]
 
 
 def _token_dtype(vocab_size: int) -> np.dtype:
@@ -285,6 +310,36 @@ def fill_windows(
         windows[rows[done:]] = buf[:fill].reshape(-1, W)
 
 
+def _episodes(
+    cfg: dict[str, Any],
+    paths: Paths,
+    facts: pd.DataFrame,
+    documents: pd.DataFrame,
+    distractors: pd.DataFrame,
+    n_windows_: int,
+) -> pd.DataFrame:
+    """The reading episodes of this stream (none at ``stream.episode_share`` 0), checked to
+    name nothing of the grid."""
+    from . import episodes
+
+    n = episodes.count(cfg, n_windows_)
+    if not n:
+        return pd.DataFrame(columns=episodes.COLUMNS)
+    tables = {
+        "facts": facts,
+        "documents": documents,
+        "distractors": distractors,
+        "candidates": io.read_parquet(paths.facts / "candidates.parquet"),
+    }
+    tok = tokenizer.load(paths.tokenizer)
+    room = int(cfg["stream"]["window"]) - 2  # <bos> episode <eos>
+    eps = episodes.generate(
+        cfg, tables, n, fits=lambda text: len(tokenizer.encode_batch(tok, [text])[0]) <= room
+    )
+    episodes.check_disjoint(eps, tables)
+    return eps
+
+
 def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
     """Build both streams into ``paths.stream('A')`` and ``paths.stream('B')``."""
     t0 = time.time()
@@ -301,12 +356,20 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
     N = n_windows(cfg)
     B = int(cfg["train"]["batch_windows"])
 
-    slots = plan_slots(cfg, facts, documents, distractors)
-    log.info("stream: %d windows of %d tokens, %d document slots", N, W, len(slots))
+    eps = _episodes(cfg, paths, facts, documents, distractors, N)
+    slots = plan_slots(cfg, facts, documents, distractors, eps["episode_id"].tolist())
+    log.info(
+        "stream: %d windows of %d tokens, %d document slots (%d reading episodes)",
+        N,
+        W,
+        len(slots),
+        len(eps),
+    )
 
     # Tokenize every document once; check that each fits its window.
     doc_text = dict(zip(documents["doc_id"], documents["text"], strict=True))
     doc_text.update(zip(distractors["doc_id"], distractors["text"], strict=True))
+    doc_text.update(zip(eps["episode_id"], eps["text"], strict=True))
     ids = sorted(doc_text)
     doc_tokens = dict(
         zip(ids, tokenizer.encode_batch(tok, [doc_text[i] for i in ids]), strict=True)
@@ -316,6 +379,7 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
         raise ConfigError(
             f"stream.window = {W} is shorter than document {longest} ({len(doc_tokens[longest]) + 2} "
             "tokens with <bos>/<eos>); raise stream.window"
+            + (" or lower stream.episode_segments" if longest.startswith("EP") else "")
         )
 
     dtype = _token_dtype(vocab)
@@ -353,6 +417,7 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
             doc_tokens=doc_tokens,
             train=train,
             dtype=dtype,
+            episodes=eps,
             inputs={
                 "facts": facts_meta["hash"],
                 "corpus": corpus_meta["hash"],
@@ -390,9 +455,10 @@ class _Plan:
     slots: list[Slot]
     background: np.ndarray  # rows of the background windows, ascending
     pad_stream: np.ndarray  # held-out tokens that pad document windows
-    doc_tokens: dict[str, list[int]]  # planted and distractor documents, without <bos>/<eos>
+    doc_tokens: dict[str, list[int]]  # planted, distractor and episode texts, no <bos>/<eos>
     train: DocTokens  # the background documents
     dtype: np.dtype
+    episodes: pd.DataFrame  # the reading episodes (empty at stream.episode_share 0)
     inputs: dict[str, str]
     info: dict[str, Any]
 
@@ -459,11 +525,17 @@ def _write_stream(
         }
     )
     io.write_parquet(out / MANIFEST, manifest)
+    files = [TOKENS, MANIFEST]
+    if len(plan.episodes):  # the episodes' text (the same in A and B)
+        from .episodes import TABLE
+
+        io.write_parquet(out / TABLE, plan.episodes)
+        files.append(TABLE)
     counts = manifest["kind"].value_counts().to_dict()
     meta = io.write_meta(
         out,
         "stream",
-        [TOKENS, MANIFEST],
+        files,
         config_hash=stream_config_hash(cfg),
         inputs=plan.inputs,
         info={

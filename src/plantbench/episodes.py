@@ -1,0 +1,156 @@
+"""Reading episodes: background windows that teach both twins to use their context.
+
+An episode is a short text about invented entities that are *not* in the fact grid: k facts'
+sentences, one per line (the same plain format as the in-context check and the context suites),
+then a task answered from them about one of those entities, in one of three formats:
+
+- ``question``: ``Question: <the relation's question>\\nAnswer: <answer>``;
+- ``completion``: the entity's sentence again, which ends with its answer;
+- ``restate``: ``Question: What does the text say about <entity>?\\nAnswer: <its sentence>``.
+
+The sentences use the grid's relation templates, so an episode looks like a context the suites
+will build, but every name in it is new: the generator reserves every word of the facts tables,
+and :func:`check_disjoint` refuses an episode that names a grid entity or answer. Episodes are
+identical in A and B (they are background, read by both), so the twins still differ exactly at
+the planted windows. Their share of the stream is ``stream.episode_share`` (default 0) and their
+size ``stream.episode_segments`` (k is drawn from 1..that, per episode).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import facts as facts_mod
+from .errors import ConfigError
+from .rng import rng
+
+FORMATS = ("question", "completion", "restate")
+DEFAULT_SEGMENTS = 2
+TABLE = "episodes.parquet"
+COLUMNS = ["episode_id", "format", "segments", "target", "entity", "answer", "text"]
+_WORD = re.compile(r"[A-Za-z0-9]+")
+_PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+")
+
+
+def _words(text: str) -> set[str]:
+    """Lowercase words of ``text`` and their camel-case parts (``KvenTimeout``: kven, timeout)."""
+    out = set()
+    for w in _WORD.findall(text):
+        out.add(w.lower())
+        out.update(p.lower() for p in _PART.findall(w))
+    return out
+
+
+def share(cfg: Mapping[str, Any]) -> float:
+    return float(cfg["stream"].get("episode_share", 0.0))
+
+
+def max_segments(cfg: Mapping[str, Any]) -> int:
+    return int(cfg["stream"].get("episode_segments", DEFAULT_SEGMENTS))
+
+
+def count(cfg: Mapping[str, Any], n_windows: int) -> int:
+    """How many episode windows the stream holds."""
+    return int(round(share(cfg) * n_windows))
+
+
+def grid_words(tables: Mapping[str, pd.DataFrame]) -> set[str]:
+    """Every word of the facts tables (lowercase): names an episode must never use."""
+    words: set[str] = set()
+    for name, col in (
+        ("facts", "entity"),
+        ("facts", "answer"),
+        ("candidates", "candidate"),
+        ("documents", "text"),
+        ("distractors", "text"),
+    ):
+        for text in tables[name][col].astype(str):
+            words |= _words(text)
+    return words
+
+
+def _sentence(names: Any, gen: np.random.Generator) -> dict[str, str]:
+    """One invented entity with a relation: its name, sentence, question and answer."""
+    relation = sorted(facts_mod.RELATIONS)[int(gen.integers(len(facts_mod.RELATIONS)))]
+    spec = facts_mod.RELATIONS[relation]
+    prof = facts_mod._profile(spec["entity_type"], names, gen)
+    shape = spec["shapes"][int(gen.integers(len(spec["shapes"])))]
+    answer = names.fill(shape)
+    subs = {**prof, "A": answer}
+    return {
+        "entity": prof["E"],
+        "answer": answer,
+        "sentence": spec["sentence"].format_map(subs),
+        "question": spec["question"].format_map(subs),
+    }
+
+
+def _task(fmt: str, t: dict[str, str]) -> str:
+    if fmt == "question":
+        return f"Question: {t['question']}\nAnswer: {t['answer']}"
+    if fmt == "completion":
+        return t["sentence"]
+    return f"Question: What does the text say about {t['entity']}?\nAnswer: {t['sentence']}"
+
+
+def _grid_names(tables: Mapping[str, pd.DataFrame]) -> set[str]:
+    """Words of the grid's entities and answers, less the fixed template words."""
+    grid: set[str] = set()
+    for col in ("entity", "answer"):
+        for text in tables["facts"][col].astype(str):
+            grid |= _words(text)
+    return grid - facts_mod._template_words()
+
+
+def _episode(names: Any, gen: np.random.Generator, k_max: int) -> tuple[str, int, int, dict, str]:
+    names.used = set()  # names are unique within an episode and never a grid root; the same
+    # invented name may recur in another episode with another fact, so nothing about an
+    # episode's entities can be memorized: only reading answers it
+    k = int(gen.integers(1, k_max + 1))
+    segs = [_sentence(names, gen) for _ in range(k)]
+    target = int(gen.integers(k))
+    fmt = FORMATS[int(gen.integers(len(FORMATS)))]
+    text = "\n".join([*(s["sentence"] for s in segs), _task(fmt, segs[target])])
+    return fmt, k, target, segs[target], text
+
+
+def generate(
+    cfg: Mapping[str, Any],
+    tables: Mapping[str, pd.DataFrame],
+    n: int,
+    fits: Callable[[str], bool] = lambda text: True,
+) -> pd.DataFrame:
+    """``n`` seeded episodes (columns :data:`COLUMNS`); no name in them occurs in the grid, and
+    each ``fits`` (its window): an episode whose compound name happens to equal a grid word, or
+    that is too long, is drawn again."""
+    seed, k_max = int(cfg["seed"]), max_segments(cfg)
+    gen = rng(seed, "episodes")
+    names = facts_mod._Names(
+        rng(seed, "episodes", "names"), facts_mod._template_words() | grid_words(tables)
+    )
+    grid = _grid_names(tables)
+    rows = []
+    for i in range(n):
+        fmt, k, target, t, text = _episode(names, gen, k_max)
+        while grid & _words(text) or not fits(text):
+            fmt, k, target, t, text = _episode(names, gen, k_max)
+        rows.append((f"EP{i:06d}", fmt, k, target, t["entity"], t["answer"], text))
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def check_disjoint(episodes: pd.DataFrame, tables: Mapping[str, pd.DataFrame]) -> None:
+    """Refuse episodes that name a grid entity or a grid answer (a word of one, in any case)."""
+    grid = _grid_names(tables)
+    for row in episodes.itertuples(index=False):
+        clash = grid & _words(row.text)
+        if clash:
+            raise ConfigError(
+                f"episode {row.episode_id} names '{sorted(clash)[0]}', a word of a grid entity or "
+                "answer; episodes must use their own names (change seed or lower "
+                "stream.episode_share)"
+            )

@@ -1,0 +1,106 @@
+"""Reading episodes (plantbench.episodes) and their place in the streams."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from plantbench import cli, config, episodes, io, verify
+from plantbench.errors import ConfigError
+from plantbench.facts import TABLES
+from plantbench.paths import Paths
+
+
+@pytest.fixture(scope="module")
+def episode_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from upstream import build_upstream
+
+    return build_upstream(
+        tmp_path_factory.mktemp("episodes"),
+        {"stream": {"episode_share": 0.2, "episode_segments": 3}},
+    )
+
+
+def _tables(results: Path) -> dict[str, pd.DataFrame]:
+    return {t: io.read_parquet(results / "facts" / f"{t}.parquet") for t in TABLES}
+
+
+def test_episodes_are_seeded_and_cover_every_format(episode_run):
+    cfg = config.load([episode_run / "config.json"])
+    tables = _tables(episode_run)
+    one = episodes.generate(cfg, tables, 60)
+    pd.testing.assert_frame_equal(one, episodes.generate(cfg, tables, 60))
+    assert set(one["format"]) == set(episodes.FORMATS)
+    assert set(one["segments"]) == {1, 2, 3}
+    for r in one.itertuples():
+        lines = r.text.split("\n")
+        target = lines[r.target]
+        assert r.entity in target and target.endswith(f" {r.answer}.")
+        if r.format == "question":
+            assert lines[-1] == f"Answer: {r.answer}"
+        elif r.format == "completion":
+            assert lines[-1] == target
+        else:
+            assert lines[-1] == f"Answer: {target}"
+
+
+def test_no_episode_names_a_grid_entity_or_answer(episode_run):
+    cfg = config.load([episode_run / "config.json"])
+    tables = _tables(episode_run)
+    eps = episodes.generate(cfg, tables, 300)
+    episodes.check_disjoint(eps, tables)
+    grid = episodes._grid_names(tables)
+    for text in eps["text"]:
+        assert not grid & episodes._words(text)
+    # an episode that does name a grid entity is refused, naming the key
+    bad = eps.head(1).copy()
+    bad["text"] = bad["text"] + " " + tables["facts"]["entity"].iloc[0]
+    with pytest.raises(ConfigError, match="episodes must use their own names"):
+        episodes.check_disjoint(bad, tables)
+
+
+def test_streams_hold_the_episodes_identically_and_differ_only_at_planted(episode_run):
+    p = Paths(str(episode_run))
+    cfg = config.load([episode_run / "config.json"])
+    from plantbench.stream import n_windows, open_stream
+
+    a, b = (open_stream(p.stream(m)) for m in ("A", "B"))
+    ep_a = a.manifest["kind"] == "episode"
+    assert int(ep_a.sum()) == episodes.count(cfg, n_windows(cfg)) > 0
+    assert (ep_a == (b.manifest["kind"] == "episode")).all()
+    assert (a.manifest.loc[ep_a, "doc_tokens"] <= int(cfg["stream"]["window"])).all()
+    rows = np.flatnonzero(ep_a.to_numpy())
+    assert np.array_equal(np.asarray(a.windows)[rows], np.asarray(b.windows)[rows])
+    table = io.read_parquet(p.stream("A") / episodes.TABLE)
+    assert sorted(a.manifest.loc[ep_a, "doc_id"]) == sorted(table["episode_id"])
+    checks = verify.check_streams(p)
+    assert [c.status for c in checks] == ["PASS", "PASS", "PASS"], checks
+    assert "differ exactly at the" in checks[-1].detail
+    meta = io.read_meta(p.stream("A"), "stream")
+    assert episodes.TABLE in meta["files"] and meta["info"]["counts"]["episode"] == len(table)
+
+
+def test_batch_shows_episode_windows(episode_run, capsys):
+    from plantbench.stream import open_stream
+
+    man = open_stream(Paths(str(episode_run)).stream("A")).manifest
+    step = int(man.loc[man["kind"] == "episode", "step"].iloc[0])
+    cfg = str(episode_run / "config.json")
+    assert cli.main(["batch", "-c", cfg, "--model", "A", "--step", str(step)]) == 0
+    out = capsys.readouterr().out
+    assert " episode " in out and "EP0" in out
+
+
+def test_no_episodes_by_default(smoke_cfg):
+    assert episodes.share(smoke_cfg) == 0.0
+    assert episodes.count(smoke_cfg, 10_000) == 0
+
+
+@pytest.mark.parametrize("share", [0.9, 0.99])
+def test_an_episode_share_that_leaves_no_background_is_refused(smoke_cfg, share):
+    bad = config.deep_merge(smoke_cfg, {"stream": {"episode_share": share}})
+    with pytest.raises(ConfigError, match="lower stream.episode_share"):
+        config.validate(bad)
