@@ -114,7 +114,7 @@ def test_a_model_that_copies_its_context_reads_and_follows(monkeypatch):
         return queries.answer_logprobs(model, items, 64)[0]
 
     monkeypatch.setattr(queries, "candidate_logprobs", full_forward)
-    scored = {m: in_context.score(model, None, prompts, cands, 16) for m in ("A", "B")}
+    scored = {m: in_context.score(model, None, prompts, cands) for m in ("A", "B")}
     tab = in_context.table(facts, prompts, scored, k)
     assert list(tab.columns) == in_context.COLUMNS
     assert len(tab) == len(facts) * 2 * 3

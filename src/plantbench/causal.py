@@ -106,7 +106,7 @@ def _score(
             in_context.check_fits(inp.tok, ic_prompts, inp.candidates, window)
         out.query_logp[m], out.answer_tokens = queries.answer_logprobs(model, q_items, bs)
         out.cand_logp[m], _ = queries.answer_logprobs(model, c_items, bs)
-        out.in_context[m] = in_context.score(model, inp.tok, ic_prompts, inp.candidates, bs)
+        out.in_context[m] = in_context.score(model, inp.tok, ic_prompts, inp.candidates)
         log.info(
             "causal: scored %d queries, %d candidate pairs and %d in-context prompts under %s",
             len(q_items),

@@ -126,7 +126,6 @@ def score(
     tok: Any,
     prompts: pd.DataFrame,
     candidates: pd.DataFrame,
-    batch_size: int = 0,
 ) -> pd.DataFrame:
     """Every candidate's log-probability under every prompt (the prompt run once, its cache
     shared by the candidates); the true and context answers' log-probabilities and ranks."""

@@ -313,6 +313,7 @@ def fill_windows(
 def _episodes(
     cfg: dict[str, Any],
     paths: Paths,
+    tok: Any,
     facts: pd.DataFrame,
     documents: pd.DataFrame,
     distractors: pd.DataFrame,
@@ -331,7 +332,6 @@ def _episodes(
         "distractors": distractors,
         "candidates": io.read_parquet(paths.facts / "candidates.parquet"),
     }
-    tok = tokenizer.load(paths.tokenizer)
     room = int(cfg["stream"]["window"]) - 2  # <bos> episode <eos>
     eps = episodes.generate(
         cfg, tables, n, fits=lambda text: len(tokenizer.encode_batch(tok, [text])[0]) <= room
@@ -356,7 +356,7 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
     N = n_windows(cfg)
     B = int(cfg["train"]["batch_windows"])
 
-    eps = _episodes(cfg, paths, facts, documents, distractors, N)
+    eps = _episodes(cfg, paths, tok, facts, documents, distractors, N)
     slots = plan_slots(cfg, facts, documents, distractors, eps["episode_id"].tolist())
     log.info(
         "stream: %d windows of %d tokens, %d document slots (%d reading episodes)",
