@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -31,3 +32,25 @@ def smoke_stream(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cfg = config.load([ROOT / "config.yaml", SMOKE], {"results": str(root / "results")})
     cfg_path = root / "results" / "config.json"
     return {"cfg": cfg, "config": cfg_path, "root": root}
+
+
+@pytest.fixture(scope="session")
+def plugin_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The oracle plug-in as a copy the tests may edit, and the config file that names it."""
+    base = tmp_path_factory.mktemp("plug ins")
+    plugin = base / "oracle_method.py"
+    plugin.write_text((ROOT / "tests" / "plugins" / "oracle_method.py").read_text())
+    cfg = base / "plugins.yaml"
+    cfg.write_text(json.dumps({"methods": {"plugins": [{"name": "oracle", "path": str(plugin)}]}}))
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory, plugin_config: Path) -> Path:
+    """The whole smoke DAG, in a results path with a space and a non-ASCII character."""
+    results = tmp_path_factory.mktemp("smoke dag") / "résults"
+    from smokerun import snakemake
+
+    proc = snakemake(results, configfiles=(str(plugin_config),))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return results

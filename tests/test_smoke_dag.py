@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from smokerun import snakemake
 
 from plantbench import io, queries, tokenizer
 from plantbench.causal import FACT_COLUMNS
@@ -18,48 +19,6 @@ from plantbench.paths import Paths
 from plantbench.pretrain import final_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def snakemake(
-    results: Path, *extra: str, configfiles: tuple[str, ...] = ()
-) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    cmd = [
-        "timeout",
-        "-k",
-        "10",
-        "1200",
-        str(Path(sys.executable).parent / "snakemake"),
-        "--profile",
-        "profiles/local",
-        "--configfile",
-        "tests/smoke/config.yaml",
-        *configfiles,
-        "--config",
-        f"results={results}",
-        *extra,
-    ]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-
-
-@pytest.fixture(scope="module")
-def plugin_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The oracle plug-in as a copy the tests may edit, and the config file that names it."""
-    base = tmp_path_factory.mktemp("plug ins")
-    plugin = base / "oracle_method.py"
-    plugin.write_text((ROOT / "tests" / "plugins" / "oracle_method.py").read_text())
-    cfg = base / "plugins.yaml"
-    cfg.write_text(json.dumps({"methods": {"plugins": [{"name": "oracle", "path": str(plugin)}]}}))
-    return cfg
-
-
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory: pytest.TempPathFactory, plugin_config: Path) -> Path:
-    """The whole smoke DAG, in a results path with a space and a non-ASCII character."""
-    results = tmp_path_factory.mktemp("smoke dag") / "résults"
-    proc = snakemake(results, configfiles=(str(plugin_config),))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return results
 
 
 def test_dag_produces_report_and_answer_key(smoke_run):

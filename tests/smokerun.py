@@ -1,0 +1,32 @@
+"""Run the workflow on the smoke configuration through Snakemake with the local profile."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def snakemake(
+    results: Path, *extra: str, configfiles: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    cmd = [
+        "timeout",
+        "-k",
+        "10",
+        "1200",
+        str(Path(sys.executable).parent / "snakemake"),
+        "--profile",
+        "profiles/local",
+        "--configfile",
+        "tests/smoke/config.yaml",
+        *configfiles,
+        "--config",
+        f"results={results}",
+        *extra,
+    ]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
