@@ -19,6 +19,7 @@ include: "workflow/rules/attribution.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/verify.smk"
 include: "workflow/rules/bench.smk"
+include: "workflow/rules/export.smk"
 
 
 rule all:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -119,3 +122,61 @@ def test_every_rule_uses_an_env(rule_file: Path) -> None:
         assert env in [e.resolve() for e in ENVS], (
             f"rule {name}: conda env {m.group(1)} not in envs/"
         )
+
+
+# --- envs/plantbench.post-deploy.sh installs the workflow's own source tree ---------------------
+POST_DEPLOY = ROOT / "envs" / "plantbench.post-deploy.sh"
+
+
+def _post_deploy(
+    tmp_path: Path, cwd: Path, script: Path | None = None, **env: str
+) -> tuple[subprocess.CompletedProcess, str]:
+    """Run the script with bash, by default from a copy elsewhere as Snakemake does, with a stub
+    `python` that records its arguments instead of installing."""
+    stub = tmp_path / "bin"
+    stub.mkdir(exist_ok=True)
+    calls = tmp_path / "calls.txt"
+    (stub / "python").write_text(f'#!/bin/sh\necho "$@" >> "{calls}"\n')
+    (stub / "python").chmod(0o755)
+    if script is None:
+        script = tmp_path / "conda" / "0123abcd.post-deploy.sh"  # where Snakemake runs it
+        script.parent.mkdir(exist_ok=True)
+        shutil.copy(POST_DEPLOY, script)
+    base = {k: v for k, v in os.environ.items() if k != "PLANTBENCH_SOURCE"}
+    run_env = dict(base, PATH=f"{stub}{os.pathsep}{os.environ['PATH']}", **env)
+    proc = subprocess.run(
+        ["bash", str(script)], cwd=cwd, env=run_env, capture_output=True, text=True, timeout=60
+    )
+    return proc, calls.read_text() if calls.exists() else ""
+
+
+def test_post_deploy_installs_the_workflow_source_from_any_cwd(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "work"
+    elsewhere.mkdir()
+    proc, calls = _post_deploy(tmp_path, elsewhere, PLANTBENCH_SOURCE=str(ROOT))
+    assert proc.returncode == 0, proc.stderr
+    assert calls.split() == ["-m", "pip", "install", "--no-deps", "-e", str(ROOT)]
+
+
+def test_post_deploy_refuses_a_tree_that_is_not_plantbench(tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "pyproject.toml").write_text('[project]\nname = "something-else"\n')
+    proc, calls = _post_deploy(tmp_path, ROOT, PLANTBENCH_SOURCE=str(other))
+    assert proc.returncode != 0 and not calls  # nothing installed, not even from the cwd (ROOT)
+    assert f"'{other}' is not a plantbench source tree" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_post_deploy_by_hand_uses_its_own_checkout(tmp_path: Path) -> None:
+    """Run from its place in a checkout without PLANTBENCH_SOURCE: that checkout."""
+    proc, calls = _post_deploy(tmp_path, tmp_path, script=POST_DEPLOY)
+    assert proc.returncode == 0, proc.stderr
+    assert calls.split()[-1] == str(ROOT)
+
+
+def test_workflow_names_its_source_for_the_post_deploy_script() -> None:
+    """The script reads the variable workflow/rules/common.smk sets."""
+    common = (ROOT / "workflow" / "rules" / "common.smk").read_text()
+    assert "PLANTBENCH_SOURCE=" in common
+    assert "${PLANTBENCH_SOURCE" in POST_DEPLOY.read_text()

@@ -75,8 +75,11 @@ def test_special_tokens_and_vocab(built) -> None:
     assert tok.get_vocab_size() == VOCAB
     assert [tok.token_to_id(t) for t in ("<|pad|>", "<|bos|>", "<|eos|>")] == [0, 1, 2]
     assert (tokenizer.PAD_ID, tokenizer.BOS_ID, tokenizer.EOS_ID) == (0, 1, 2)
-    # Nothing is added automatically, and the special strings are single tokens.
-    assert tokenizer.encode_batch(tok, ["river"]) == [tok.encode("river").ids]
+    # encode_batch adds nothing; the post-processor (HF-facing) prepends <|bos|> only; the
+    # special strings are single tokens.
+    plain = tok.encode("river", add_special_tokens=False).ids
+    assert tokenizer.encode_batch(tok, ["river"]) == [plain]
+    assert tok.encode("river").ids == [1, *plain]
     assert 1 not in tokenizer.encode_batch(tok, ["The river"])[0]
     assert tokenizer.encode_batch(tok, ["<|bos|>x<|eos|>"])[0][0::2] == [1, 2]
     info = json.loads((tok_dir / "meta.json").read_text())["info"]
@@ -109,6 +112,8 @@ def test_autotokenizer_round_trip(built) -> None:
     text = "The river town of Quanmirta kept records.\n    return int(value) + 1  # ünïcode"
     ids = hf(text, add_special_tokens=False)["input_ids"]
     assert ids == tokenizer.encode_batch(tok, [text])[0]
+    assert hf(text)["input_ids"] == [hf.bos_token_id, *ids]
+    assert hf.decode(hf(text)["input_ids"], skip_special_tokens=True) == text
     assert hf.decode(ids) == text == tok.decode(ids)
     assert (hf.pad_token_id, hf.bos_token_id, hf.eos_token_id) == (0, 1, 2)
     assert len(hf) == VOCAB

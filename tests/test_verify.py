@@ -281,7 +281,8 @@ def test_edited_causal_learned_rate_and_analysis_alpha_are_fails(run_copy):
     "name",
     [
         "facts", "corpus", "tokenizer", "stream/A", "models/B", "pool/A", "features/A/hidden",
-        "features/B/embed", "scores/bm25/A", "causal", "analysis",
+        "features/B/embed", "scores/bm25/A", "causal", "analysis", "report",
+        "features/A/curvature/step_0000040",
         "features/A/grads/step_0000040/pool/shard_0003", "features/A/grads/step_0000040/queries",
     ],
 )  # fmt: skip

@@ -1,4 +1,5 @@
-"""``plantbench <step>``: every workflow step is one CLI call (the Snakemake rules call these)."""
+"""The plantbench command line: every workflow step is one CLI call (the Snakemake rules call
+these), and each subcommand's help is plain text (argparse prints it as written)."""
 
 from __future__ import annotations
 
@@ -193,28 +194,47 @@ def cmd_score(args: argparse.Namespace) -> None:
     print(f"scores {args.method} {args.model} {meta['hash']}")
 
 
+def _report_checks(checks: list[Any], out: str | None) -> None:
+    """Print the PASS/FAIL table (and write it to ``out``); raise when a check failed."""
+    from . import verify
+
+    text = verify.format_checks(checks)
+    print(text)
+    if out:
+        from . import io
+
+        io.write_text(out, text + "\n")
+    failed = [c for c in checks if c.status == "FAIL"]
+    if failed:
+        raise PlantbenchError(
+            f"verify: {len(failed)} check(s) failed; first: {failed[0].artifact}: {failed[0].detail}"
+        )
+    print(f"verify: all {sum(c.status == 'PASS' for c in checks)} checks passed")
+
+
 def cmd_verify(args: argparse.Namespace) -> None:
     from . import verify
 
+    if args.bundle:
+        _report_checks(verify.run_bundle(Path(args.bundle)), args.out)
+        return
     cfg = _load_cfg(args)
     paths = Paths(cfg)
     if args.write_reference:
         out = verify.write_reference(cfg, paths, args.write_reference)
         print(f"reference -> {out}")
         return
-    checks = verify.run(cfg, paths)
-    text = verify.format_checks(checks)
-    print(text)
-    failed = [c for c in checks if c.status == "FAIL"]
-    if args.out:
-        from . import io
+    _report_checks(verify.run(cfg, paths), args.out)
 
-        io.write_text(args.out, text + "\n")
-    if failed:
-        raise PlantbenchError(
-            f"verify: {len(failed)} check(s) failed; first: {failed[0].artifact}: {failed[0].detail}"
-        )
-    print(f"verify: all {sum(c.status == 'PASS' for c in checks)} checks passed")
+
+def cmd_export(args: argparse.Namespace) -> None:
+    from . import export
+
+    cfg = _load_cfg(args)
+    paths = Paths(cfg)
+    out = Path(args.out) if args.out else export.default_out(paths)
+    meta = export.run(cfg, paths, out)
+    print(f"export {meta['hash']} ({len(meta['info']['tables'])} tables) -> {out}")
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
@@ -239,15 +259,105 @@ def cmd_bench(args: argparse.Namespace) -> None:
     print(f"benchmarks -> {path}")
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+DESCRIPTION = (
+    "Pretrain two twin language models that differ only in which invented facts they read, "
+    "measure each fact's causal effect, and grade training-data attribution methods against it. "
+    "Every workflow step is one subcommand; the Snakemake rules call them."
+)
+EPILOG = "Run 'plantbench <step> --help' for the options of one step."
+
+# the subcommands whose work runs on CPU threads (torch or BLAS): only they take --threads,
+# and the Snakemake rules pass --threads {threads} to exactly these
+THREADED = ("pretrain", "grads", "hidden", "embed", "score", "causal", "bench")
+# the subcommands that act on one twin
+PER_MODEL = ("pretrain", "batch", "pool", "grads", "curvature", "hidden", "embed", "score")
+
+
+def _add_common(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument(
         "-c",
         "--configfile",
         action="append",
+        metavar="FILE",
         help="config file(s), later ones merged over earlier (default: config.yaml)",
     )
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for this step")
+    if name in THREADED:
+        p.add_argument(
+            "--threads", type=int, default=None, metavar="N", help="CPU threads for this step"
+        )
+    if name in PER_MODEL:
+        p.add_argument("--model", required=True, choices=MODELS, help="which twin: A or B")
 
+
+def _opts_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", help="the config as a JSON string (used by the Snakefile)")
+    p.add_argument(
+        "--out", help="where to write the resolved config (default: <results>/config.json)"
+    )
+
+
+def _opts_checkpoint(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="checkpoint name, e.g. step_0001200")
+
+
+def _opts_grads(p: argparse.ArgumentParser) -> None:
+    _opts_checkpoint(p)
+    p.add_argument("--shard", type=int, default=None, metavar="K", help="pool shard K")
+    p.add_argument("--queries", action="store_true", help="all queries, not a shard")
+
+
+def _opts_score(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--method", required=True, help="the method's name (see 'plantbench methods')")
+
+
+def _opts_verify(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--write-reference", metavar="NAME", help="write results/reference/NAME.json")
+    p.add_argument("--out", metavar="FILE", help="also write the check table to this file")
+    p.add_argument(
+        "--bundle",
+        metavar="DIR",
+        help="check a release bundle made by 'plantbench export' instead of the run",
+    )
+
+
+def _opts_export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", metavar="DIR", help="the bundle's folder (default: <results>/export)")
+
+
+def _opts_batch(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--step", type=int, required=True, help="the optimizer step (0-based)")
+
+
+def _opts_plan(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--gpu", action="append", help="h200 | h100 | a100 | a4500 (repeatable; default h100)"
+    )
+    p.add_argument(
+        "--utilisation", type=float, default=0.4, help="share of the bf16 peak (default 0.4)"
+    )
+
+
+def _opts_bench(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="fewer repeats, smaller sizes")
+    p.add_argument(
+        "--skip",
+        action="append",
+        choices=["pretrain", "features", "scoring"],
+        help="leave out one group of measurements (repeatable)",
+    )
+
+
+OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "config": _opts_config,
+    "batch": _opts_batch,
+    "grads": _opts_grads,
+    "curvature": _opts_checkpoint,
+    "score": _opts_score,
+    "verify": _opts_verify,
+    "export": _opts_export,
+    "plan": _opts_plan,
+    "bench": _opts_bench,
+}
 
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "config": (cmd_config, "validate the config and write the resolved copy every step reads"),
@@ -268,47 +378,30 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "analysis": (cmd_analysis, "grade every method: AP, Recall@10, within-cell correlations"),
     "verify": (cmd_verify, "check every artifact's hashes, lineage, streams and reference hashes"),
     "report": (cmd_report, "write results/report/report.md and figures"),
+    "export": (
+        cmd_export,
+        "write the release bundle: a datasets folder, parquet tables, card and both final models",
+    ),
     "plan": (cmd_plan, "per stage: work, FLOPs, disk and GPU-hours on a named GPU"),
     "bench": (cmd_bench, "measure training, featurization and scoring speed on this machine"),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="plantbench", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"plantbench {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="<step>")
+    parser = argparse.ArgumentParser(prog="plantbench", description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument(
+        "--version", action="version", version=f"plantbench {__version__}", help="print the version"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="<step>", title="steps", help="the step to run"
+    )
     for name, (fn, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        _add_common(p)
+        p = sub.add_parser(name, help=help_text, description=f"plantbench {name}: {help_text}.")
+        _add_common(p, name)
+        if name in OPTIONS:
+            OPTIONS[name](p)
         p.set_defaults(func=fn)
-        if name == "config":
-            p.add_argument("--json", help="the config as a JSON string (used by the Snakefile)")
-            p.add_argument(
-                "--out", help="where to write the resolved config (default: <results>/config.json)"
-            )
-        if name in ("pretrain", "batch", "pool", "grads", "curvature", "hidden", "embed", "score"):
-            p.add_argument("--model", required=True, choices=MODELS)
-        if name in ("grads", "curvature"):
-            p.add_argument("--checkpoint", required=True, help="checkpoint name, e.g. step_0001200")
-        if name == "grads":
-            p.add_argument("--shard", type=int, default=None, help="pool shard K")
-            p.add_argument("--queries", action="store_true", help="all queries, not a shard")
-        if name == "score":
-            p.add_argument("--method", required=True, help="see `plantbench methods`")
-        if name == "verify":
-            p.add_argument(
-                "--write-reference", metavar="NAME", help="write results/reference/NAME.json"
-            )
-            p.add_argument("--out", help="also write the check table to this file")
-        if name == "batch":
-            p.add_argument("--step", type=int, required=True)
-        if name == "plan":
-            p.add_argument("--gpu", action="append", help="h200 | h100 | a100 | a4500 (repeatable)")
-            p.add_argument("--utilisation", type=float, default=0.4, help="share of the bf16 peak")
-        if name == "bench":
-            p.add_argument("--quick", action="store_true", help="fewer repeats, smaller sizes")
-            p.add_argument("--skip", action="append", choices=["pretrain", "features", "scoring"])
     return parser
 
 

@@ -8,7 +8,7 @@ Layout under ``{results}/features/{model}/`` (see :class:`plantbench.paths.Paths
                                        over the whole window
     grads/{ckpt}/queries/              one shard holding every query (facts/queries.parquet
                                        order, keys 0..n-1); loss = answer tokens only
-    curvature/{ckpt}.npz               damped projected Fisher of the pool gradients
+    curvature/{ckpt}/curvature.npz     damped projected Fisher of the pool gradients, + meta.json
     hidden/{pool,queries}.npy + meta.json    final-checkpoint hidden states (float32)
     embed/{pool,queries}.npy + meta.json     text-encoder embeddings (float32)
 
@@ -463,6 +463,8 @@ def check_compatible(pool_store: GradientStore, query_store: GradientStore, wher
 
 # --------------------------------------------------------------------------- curvature
 
+CURVATURE_SECTIONS = ("features", "curvature")
+
 
 def curvature(cfg: dict[str, Any], paths: Paths, model: str, checkpoint: str) -> Curvature:
     """Fit the damped projected Fisher of one checkpoint from its pool gradients."""
@@ -472,7 +474,19 @@ def curvature(cfg: dict[str, Any], paths: Paths, model: str, checkpoint: str) ->
     c = cfg["curvature"]
     t0 = time.time()
     curv = Curvature.fit(store, mode=c["mode"], damping_ratio=float(c["damping_ratio"]))
-    curv.save(paths.curvature(model, checkpoint))
+    path = paths.curvature(model, checkpoint)
+    with io.atomic_dir(path.parent) as tmp:
+        curv.save(tmp / path.name)
+        io.write_meta(
+            tmp,
+            "curvature",
+            [path.name],
+            config_hash=hash_bytes(
+                canonical_json({k: cfg[k] for k in CURVATURE_SECTIONS}).encode()
+            ),
+            inputs={"pool": pmeta["hash"], "pool_grads": store.hash},
+            info={"model": model, "checkpoint": checkpoint, **curv.info()},
+        )
     log.info(
         "curvature %s %s: %s, %d blocks from %d rows in %.1fs",
         model,
@@ -489,6 +503,9 @@ def load_curvature(
     cfg: dict[str, Any], paths: Paths, model: str, checkpoint: str, store: GradientStore
 ) -> Curvature:
     path = paths.curvature(model, checkpoint)
+    if path.is_file():  # a missing file is Curvature.load's one-line error
+        meta = io.read_meta(path.parent, "curvature")
+        io.check_input(meta, "pool_grads", {"hash": store.hash}, str(path.parent))
     curv = Curvature.load(path)
     fix = "rerun the curvature step"
     info = curv.info()

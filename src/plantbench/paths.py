@@ -62,7 +62,7 @@ class Paths:
         return self.grads(model, checkpoint) / "queries"
 
     def curvature(self, model: str, checkpoint: str) -> Path:
-        return self.features(model) / "curvature" / f"{checkpoint}.npz"
+        return self.features(model) / "curvature" / checkpoint / "curvature.npz"
 
     def hidden(self, model: str) -> Path:
         return self.features(model) / "hidden"

@@ -12,7 +12,9 @@
   with this train config and stream and every checkpoint it has passed is on disk as saved;
   otherwise one warning line, and training restarts from step 0 after removing the stale
   state, checkpoints, loss log and meta (a rerun never loops on a missing checkpoint).
-- HF checkpoints (``save_pretrained``) every ``train.checkpoint_every_steps`` steps and at the end.
+- HF checkpoints (``save_pretrained``) every ``train.checkpoint_every_steps`` steps and at the end,
+  each with the tokenizer files and a model card (:mod:`plantbench.modelcard`), so
+  ``AutoTokenizer`` / ``pipeline("text-generation", model=<checkpoint>)`` work on the folder.
 
 Data-parallel training (several GPUs, or several CPU processes with gloo)
 -------------------------------------------------------------------------
@@ -52,7 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import io, tokenizer
+from . import io, modelcard, tokenizer
 from .config import canonical_json
 from .errors import EXIT_PREEMPTED, ArtifactError, Preempted
 from .hashing import hash_bytes, hash_tree
@@ -362,6 +364,7 @@ def _setup(cfg: dict[str, Any], paths: Paths, model_name: str, dev: DistInfo) ->
     """Inputs, the initial model (same seed for both twins), optimizer and schedule."""
     t = cfg["train"]
     stream, tok_meta = _open_inputs(cfg, paths, model_name)
+    modelcard.check_tokenizer(paths.tokenizer)  # its files go into every checkpoint
     info = stream.meta["info"]
     conf = llama_config(
         cfg["model"],
@@ -407,6 +410,9 @@ def _stale_reason(run: _Run, state: dict[str, Any]) -> str | None:
         folder = run.ckpt_dir / name
         if not folder.is_dir():
             return f"checkpoint {name} is missing"
+        problem = modelcard.checkpoint_problem(folder, run.tok_meta)
+        if problem is not None:
+            return f"checkpoint {name}: {problem}"
         if recorded is None:
             if not _checkpoint_complete(folder):
                 return f"checkpoint {name} is incomplete"
@@ -515,6 +521,9 @@ def _save_progress(run: _Run, done: int, stopping: bool) -> None:
         name = checkpoint_name(done)
         with io.atomic_dir(run.ckpt_dir / name) as tmp:
             run.model.save_pretrained(tmp)
+            params = sum(p.numel() for p in run.model.parameters())
+            twin = modelcard.Twin(run.cfg, run.paths, run.name, run.stream, run.chash, params)
+            modelcard.complete_checkpoint(tmp, twin, done)
         run.checkpoint_hashes[name] = hash_tree(run.ckpt_dir / name)
     if done % int(run.t["state_every_steps"]) == 0 or done == run.steps or stopping:
         save_state(run.state_path, run.snapshot(done))

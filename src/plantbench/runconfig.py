@@ -53,6 +53,7 @@ RULE_SECTIONS: dict[str, tuple[str, ...]] = {
     "report": _ALL,
     "verify": _ALL,
     "bench": _ALL,
+    "export": _ALL,
 }
 
 

@@ -3,7 +3,13 @@
 The tokenizer is GPT-2 style: a ``ByteLevel`` pre-tokenizer (``add_prefix_space=False``, the
 GPT-2 split regex) and a ``ByteLevel`` decoder, so every string round-trips and no text is
 unknown. Special tokens, in this order and with these ids: ``<|pad|>`` = 0, ``<|bos|>`` = 1,
-``<|eos|>`` = 2. Nothing is added automatically when encoding: callers place BOS/EOS.
+``<|eos|>`` = 2. A ``TemplateProcessing`` post-processor in ``tokenizer.json`` prepends
+``<|bos|>``, so ``AutoTokenizer``, ``generate`` and the ``text-generation`` pipeline feed the
+twins what they were trained on (every training window and query starts with ``<|bos|>``).
+transformers 5 takes this from ``tokenizer.json`` alone: it ignores ``add_bos_token`` in
+``tokenizer_config.json`` when a ``tokenizer.json`` is present and drops it on save, so the
+config does not carry it. The workflow never relies on the post-processor: :func:`encode_batch`
+encodes without special tokens and the callers place BOS/EOS, so no token id depends on it.
 
 Because the pre-tokenizer cuts *before* a space (``" word"`` is one piece), encoding a prompt
 and ``" " + answer`` separately and concatenating the ids gives the same ids as encoding
@@ -15,7 +21,7 @@ pair itself, so training is reproducible regardless of the number of threads (ch
 ``RAYON_RS_NUM_CPUS=1`` and with the default pool: identical ``tokenizer.json``). The folder
 written by ``save_pretrained`` holds ``tokenizer.json`` (written by the library in a fixed order)
 and ``tokenizer_config.json`` (rewritten here with sorted keys and no local paths), so the
-artifact is byte-for-byte reproducible.
+artifact is byte-for-byte reproducible. Pretraining copies both files into every checkpoint.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from .config import config_hash
 from .errors import ArtifactError, PlantbenchError
@@ -41,6 +47,8 @@ PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|eos|>"
 SPECIAL_TOKENS = (PAD, BOS, EOS)
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 TOKENIZER_JSON = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG)
 
 
 def _untrained() -> Tokenizer:
@@ -48,6 +56,14 @@ def _untrained() -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     return tok
+
+
+def bos_processor() -> processors.TemplateProcessing:
+    """Prepend ``<|bos|>`` to every sequence: the template transformers builds itself for
+    ``add_bos_token=True`` (``TokenizersBackend.update_post_processor``), so both agree."""
+    return processors.TemplateProcessing(
+        single=f"{BOS}:0 $A:0", pair=f"{BOS}:0 $A:0 {BOS}:1 $B:1", special_tokens=[(BOS, BOS_ID)]
+    )
 
 
 def _check_specials(tok: Tokenizer, where: str) -> None:
@@ -106,6 +122,7 @@ def train_batches(cfg: dict[str, Any], batches: Iterable[list[str]]) -> Tokenize
         tok.get_vocab_size(),
     )
     _check_specials(tok, "trained tokenizer")
+    tok.post_processor = bos_processor()
     return tok
 
 
@@ -132,7 +149,12 @@ def save(tok: Tokenizer, folder: Path) -> list[str]:
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        add_bos_token=True,  # builds bos_processor()'s template, whatever ``tok`` carries
+        add_eos_token=False,
     )
     fast.save_pretrained(str(folder))
     files = sorted(p.name for p in folder.iterdir() if p.is_file())
@@ -202,3 +224,9 @@ def load(tok_dir: Path) -> Tokenizer:
     tok = Tokenizer.from_file(str(tok_dir / TOKENIZER_JSON))
     _check_specials(tok, str(tok_dir / TOKENIZER_JSON))
     return tok
+
+
+def adds_bos(tok: Tokenizer) -> bool:
+    """Whether encoding with special tokens prepends ``<|bos|>`` and nothing else (tokenizers of
+    this version do; artifacts of earlier versions had no post-processor)."""
+    return tok.encode("x").ids == [BOS_ID, *tok.encode("x", add_special_tokens=False).ids]

@@ -102,7 +102,7 @@ def _grads_step(p: list[str]) -> Step | None:
 def step_of(name: str) -> Step | None:
     """The step that makes the artifact at ``name`` (relative to the results folder)."""
     p = name.split("/")
-    if len(p) == 1 and p[0] in ("facts", "corpus", "tokenizer", "causal", "analysis"):
+    if len(p) == 1 and p[0] in ("facts", "corpus", "tokenizer", "causal", "analysis", "report"):
         return Step(p[0], p[0], "", p[0])
     if len(p) == 2 and p[0] == "stream" and p[1] in MODELS:
         return Step("stream", "stream", "", "stream")
@@ -113,6 +113,8 @@ def step_of(name: str) -> Step | None:
         return Step(p[2], p[2], f" --model {p[1]}", p[2])
     if len(p) == 3 and p[0] == "scores":
         return Step("scores", "score", f" --method {p[1]} --model {p[2]}", "score")
+    if len(p) == 4 and p[0] == "features" and p[2] == "curvature":
+        return Step("curvature", "curvature", f" --model {p[1]} --checkpoint {p[3]}", "curvature")
     if len(p) >= 5 and p[0] == "features" and p[2] == "grads":
         return _grads_step(p)
     return None
@@ -300,7 +302,7 @@ def present_hashes(root: Path, metas: dict[str, dict[str, Any]]) -> set[str]:
     for index in _glob(root, "models/*/checkpoints/index.json"):
         with contextlib.suppress(Exception):
             present.update(c["hash"] for c in json.loads(index.read_text()))
-    for curv in _glob(root, "features/*/curvature/*.npz"):
+    for curv in _glob(root, "features/*/curvature/*/curvature.npz"):
         with contextlib.suppress(OSError):
             present.add(hash_file(curv))
     for part in ("pool", "queries"):
@@ -724,3 +726,153 @@ def write_reference(
 def format_checks(checks: list[Check]) -> str:
     width = max((len(c.artifact) for c in checks), default=10)
     return "\n".join(f"{c.status:<4}  {c.artifact:<{width}}  {c.detail}" for c in checks)
+
+
+# --------------------------------------------------------------------------------------------
+# Release bundles (`plantbench export`; `plantbench verify --bundle DIR`)
+# --------------------------------------------------------------------------------------------
+
+BUNDLE_RECOVER = "recover: export again (`plantbench export`, or `snakemake export`)"
+
+
+def _bundle_fail(what: str, problem: str) -> Check:
+    return Check(what, "FAIL", f"{problem}; {BUNDLE_RECOVER}")
+
+
+def _bundle_meta(bundle: Path) -> dict[str, Any]:
+    meta = _read_meta(bundle)
+    if meta["stage"] != "export":
+        raise ArtifactError(f"'{bundle / io.META}' describes a '{meta['stage']}' artifact")
+    return meta
+
+
+def bundle_file_checks(bundle: Path, meta: dict[str, Any]) -> list[Check]:
+    """Every file against the bundle's meta.json; a file the meta does not list fails too."""
+    from .export import bundle_files
+
+    recorded = meta["files"]
+    checks = []
+    for rel, expected in sorted(recorded.items()):
+        f = bundle / rel
+        if not f.is_file():
+            checks.append(_bundle_fail(f"bundle/{rel}", f"'{f}' is missing"))
+        elif hash_file(f) != expected:
+            checks.append(_bundle_fail(f"bundle/{rel}", f"'{f}' does not match its recorded xxh3"))
+    for rel in sorted(set(bundle_files(bundle)) - set(recorded)):
+        checks.append(_bundle_fail(f"bundle/{rel}", f"'{bundle / rel}' is not in {io.META}"))
+    if io.artifact_hash(recorded) != meta["hash"]:
+        checks.append(_bundle_fail("bundle", f"'{bundle / io.META}' hash is not its files' hash"))
+    return checks or [Check("bundle files", "PASS", f"{len(recorded)} files match their xxh3")]
+
+
+def _table_problem(bundle: Path, dd: Any, name: str, rows: int) -> str | None:
+    import pyarrow.parquet as pq
+
+    from .export import DATA
+
+    table = pq.read_table(bundle / DATA / f"{name}.parquet")
+    if name not in dd:
+        return f"the dataset has no split '{name}'"
+    copy = dd[name].data.table
+    if table.num_rows != rows or copy.num_rows != rows:
+        return f"{table.num_rows} parquet rows, {copy.num_rows} dataset rows, meta says {rows}"
+    if copy.column_names != table.column_names or not copy.cast(table.schema).equals(table):
+        return "the parquet and the dataset copies hold different rows"
+    return None
+
+
+def bundle_table_checks(bundle: Path, meta: dict[str, Any]) -> list[Check]:
+    """Each table's parquet file and dataset split hold the same rows, as many as recorded."""
+    import datasets
+
+    from .export import DATASET
+
+    dd = datasets.load_from_disk(str(bundle / DATASET))
+    checks = []
+    for name, rows in meta["info"]["tables"].items():
+        what = f"bundle table {name}"
+        problem = _guard_problem(lambda n=name, r=rows: _table_problem(bundle, dd, n, r), bundle)
+        checks.append(
+            _bundle_fail(what, problem) if problem else Check(what, "PASS", f"{rows} rows agree")
+        )
+    return checks
+
+
+def _guard_problem(fn: Callable[[], str | None], where: Path) -> str | None:
+    try:
+        return fn()
+    except Exception as exc:  # a damaged table must not stop the other checks
+        return _problem(exc, where)
+
+
+def _key_problems(facts: Any, key: Any, per_query: Any) -> list[str]:
+    """The answer key against its definitions (src/plantbench/causal.py)."""
+    effect = key["logp_reader"] - key["logp_other"]
+    problems = []
+    if not np.allclose(key["effect"], effect, rtol=0, atol=1e-9):
+        problems.append("effect is not logp_reader - logp_other")
+    if not (key["learned"] == ((key["effect"] > 0) & (key["rank"] == 1))).all():
+        problems.append("learned is not (effect > 0 and rank == 1)")
+    if not np.allclose(key["difficulty"], -key["logp_other"], rtol=0, atol=1e-9):
+        problems.append("difficulty is not -logp_other")
+    if sorted(key["fact_id"]) != sorted(facts["fact_id"]):
+        problems.append("the answer key's facts are not the facts table's")
+    means = per_query.groupby("fact_id")[["logp_reader", "logp_other"]].mean()
+    mine = key.set_index("fact_id").loc[means.index, ["logp_reader", "logp_other"]]
+    if not np.allclose(mine.to_numpy(), means.to_numpy(), rtol=0, atol=1e-9):
+        problems.append("logp_reader / logp_other are not the mean over causal_queries' forms")
+    return problems
+
+
+def _in_context_problems(key: Any, ic: Any) -> list[str]:
+    reader = key.set_index("fact_id")["reader"]
+    if not set(ic["fact_id"]) <= set(reader.index):
+        return ["in_context names facts the answer key lacks"]
+    is_reader = ic["model"].to_numpy() == reader.loc[ic["fact_id"]].to_numpy()
+    if not ((ic["role"] == "reader").to_numpy() == is_reader).all():
+        return ["in_context's role is not 'reader' exactly where the twin read the fact"]
+    return []
+
+
+def bundle_key_checks(bundle: Path) -> list[Check]:
+    from .export import parquet_table
+
+    t = {n: parquet_table(bundle, n).to_pandas() for n in ("facts", "causal_facts")}
+    t |= {n: parquet_table(bundle, n).to_pandas() for n in ("causal_queries", "in_context")}
+    problems = _key_problems(t["facts"], t["causal_facts"], t["causal_queries"])
+    problems += _in_context_problems(t["causal_facts"], t["in_context"])
+    if problems:
+        return [_bundle_fail("bundle answer key", f"{problems[0]} ({len(problems)} problem(s))")]
+    n = len(t["causal_facts"])
+    return [Check("bundle answer key", "PASS", f"{n} facts: effect, learned, difficulty agree")]
+
+
+def bundle_model_checks(bundle: Path, meta: dict[str, Any]) -> list[Check]:
+    """Each twin's checkpoint folder is the run's final checkpoint (its recorded hash_tree)."""
+    from .export import CHECKPOINTS
+
+    checks = []
+    for m in MODELS:
+        folder = bundle / CHECKPOINTS / m
+        what = f"bundle checkpoint {m}"
+        if hash_tree(folder) != meta["inputs"].get(f"checkpoint_{m}"):
+            checks.append(_bundle_fail(what, f"'{folder}' is not the run's final checkpoint"))
+        else:
+            checks.append(Check(what, "PASS", "the final checkpoint, as recorded"))
+    return checks
+
+
+def run_bundle(bundle: Path) -> list[Check]:
+    """Every check of a release bundle; damaged input becomes a FAIL line, never an exception."""
+    try:
+        meta = _bundle_meta(bundle)
+    except Exception as exc:
+        return [_bundle_fail("bundle", _problem(exc, bundle / io.META))]
+    checks = bundle_file_checks(bundle, meta)
+    for what, fn in (
+        ("bundle tables", lambda: bundle_table_checks(bundle, meta)),
+        ("bundle answer key", lambda: bundle_key_checks(bundle)),
+        ("bundle checkpoints", lambda: bundle_model_checks(bundle, meta)),
+    ):
+        checks += _guard(what, bundle, BUNDLE_RECOVER, fn)
+    return checks

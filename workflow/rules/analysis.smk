@@ -42,5 +42,6 @@ rule analysis:
         runtime=15,
     params:
         sections=sections("analysis"),
+        plantbench=PLANTBENCH,
     shell:
-        "plantbench analysis -c {resources.run_config:q} 2> {log:q}"
+        "{params.plantbench} analysis -c {resources.run_config:q} 2> {log:q}"

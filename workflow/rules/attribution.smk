@@ -27,8 +27,9 @@ rule pool:
         runtime=lambda wc, attempt: 10 * attempt,
     params:
         sections=sections("pool"),
+        plantbench=PLANTBENCH,
     shell:
-        "plantbench pool -c {resources.run_config:q} --model {wildcards.model} 2> {log:q}"
+        "{params.plantbench} pool -c {resources.run_config:q} --model {wildcards.model} 2> {log:q}"
 
 
 # GPU
@@ -51,8 +52,9 @@ rule grads_pool:
         runtime=lambda wc, attempt: 60 * attempt,
     params:
         sections=sections("grads_pool"),
+        plantbench=PLANTBENCH,
     shell:
-        "plantbench grads -c {resources.run_config:q} --model {wildcards.model} "
+        "{params.plantbench} grads -c {resources.run_config:q} --model {wildcards.model} "
         "--checkpoint {wildcards.checkpoint} --shard {wildcards.shard} --threads {threads} 2> {log:q}"
 
 
@@ -76,8 +78,9 @@ rule grads_queries:
         runtime=lambda wc, attempt: 20 * attempt,
     params:
         sections=sections("grads_queries"),
+        plantbench=PLANTBENCH,
     shell:
-        "plantbench grads -c {resources.run_config:q} --model {wildcards.model} "
+        "{params.plantbench} grads -c {resources.run_config:q} --model {wildcards.model} "
         "--checkpoint {wildcards.checkpoint} --queries --threads {threads} 2> {log:q}"
 
 
@@ -85,7 +88,8 @@ rule curvature:
     input:
         shards=pool_shards,
     output:
-        f"{FEAT}/{{model}}/curvature/{{checkpoint}}.npz",
+        npz=f"{FEAT}/{{model}}/curvature/{{checkpoint}}/curvature.npz",
+        meta=f"{FEAT}/{{model}}/curvature/{{checkpoint}}/meta.json",
     log:
         log_of("curvature_{model}_{checkpoint}"),
     benchmark:
@@ -99,8 +103,9 @@ rule curvature:
         runtime=lambda wc, attempt: 20 * attempt,
     params:
         sections=sections("curvature"),
+        plantbench=PLANTBENCH,
     shell:
-        "plantbench curvature -c {resources.run_config:q} --model {wildcards.model} "
+        "{params.plantbench} curvature -c {resources.run_config:q} --model {wildcards.model} "
         "--checkpoint {wildcards.checkpoint} 2> {log:q}"
 
 
@@ -126,8 +131,9 @@ rule hidden:
         runtime=lambda wc, attempt: 30 * attempt,
     params:
         sections=sections("hidden"),
+        plantbench=PLANTBENCH,
     shell:
-        "plantbench hidden -c {resources.run_config:q} --model {wildcards.model} --threads {threads} 2> {log:q}"
+        "{params.plantbench} hidden -c {resources.run_config:q} --model {wildcards.model} --threads {threads} 2> {log:q}"
 
 
 # GPU
@@ -151,8 +157,9 @@ rule embed:
         runtime=lambda wc, attempt: 60 * attempt,
     params:
         sections=sections("embed"),
+        plantbench=PLANTBENCH,
     shell:
-        "plantbench embed -c {resources.run_config:q} --model {wildcards.model} --threads {threads} 2> {log:q}"
+        "{params.plantbench} embed -c {resources.run_config:q} --model {wildcards.model} --threads {threads} 2> {log:q}"
 
 
 rule score:
@@ -177,9 +184,10 @@ rule score:
         runtime=lambda wc, attempt: 30 * attempt,
     params:
         sections=sections("score"),
+        plantbench=PLANTBENCH,
         # the hash of the method's own code and its plug-in entry: editing a plug-in reruns
         # exactly its two score jobs, adding one reruns no other method's
         method=lambda wc: _pbrun.method_signature(config, wc.method),
     shell:
-        "plantbench score -c {resources.run_config:q} --method {wildcards.method} "
+        "{params.plantbench} score -c {resources.run_config:q} --method {wildcards.method} "
         "--model {wildcards.model} --threads {threads} 2> {log:q}"

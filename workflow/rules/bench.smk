@@ -20,5 +20,6 @@ rule bench:
         runtime=60,
     params:
         sections=sections("bench"),
+        plantbench=PLANTBENCH,
     shell:
-        "plantbench bench -c {resources.run_config:q} --threads {threads} > {log:q} 2>&1"
+        "{params.plantbench} bench -c {resources.run_config:q} --threads {threads} > {log:q} 2>&1"

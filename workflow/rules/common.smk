@@ -1,15 +1,48 @@
 # Config validation (schema in workflow/schemas/) and the helpers every rule uses.
-from snakemake.exceptions import WorkflowError
+import os
+import shlex
+import sys
+
+from snakemake.logging import logger
+from snakemake.settings.types import DeploymentMethod
 
 import plantbench.config as _pbconfig
+import plantbench.errors as _pberrors
 import plantbench.runconfig as _pbrun
 
 try:
     config = _pbconfig.validate(config)
-except Exception as _exc:
-    raise WorkflowError(f"config error: {_exc}") from None
+except _pberrors.ConfigError as _exc:
+    # one line, no traceback: SystemExit passes through Snakemake's error printing; nothing has
+    # been written yet (the run config is written by onstart, after the lock)
+    print(f"plantbench: config error: {_exc}", file=sys.stderr, flush=True)
+    raise SystemExit(1) from None
 
 R = config["results"]
+
+# The checkout this workflow runs from (also when another workflow uses it as a module):
+# envs/plantbench.post-deploy.sh installs the package from it into the `--sdm conda` env.
+_HERE = workflow.current_basedir.get_path_or_uri(secret_free=True)  # .../workflow/rules
+if os.path.isdir(_HERE):  # a local checkout, not a remote (github) source
+    # set for the post-deploy script (Snakemake runs it in a copy under .snakemake/conda/)
+    os.environ.update(PLANTBENCH_SOURCE=os.path.dirname(os.path.dirname(_HERE)))
+
+# How a job calls the package (each rule's params.plantbench): the interpreter Snakemake runs
+# under, so no activated venv is needed; with --sdm conda the python of envs/plantbench.yaml's
+# environment, which is first on the job's PATH there. Being a param, a different interpreter
+# (another venv, conda on or off) reruns the jobs, like any other change of the software.
+_CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+PYTHON = "python" if _CONDA else shlex.quote(sys.executable)
+PLANTBENCH = f"{PYTHON} -m plantbench"
+# train.devices > 1: one data-parallel process per GPU (torchrun's module, which picks a free port,
+# so both twins' jobs can share a node; `accelerate launch --multi_gpu` works the same way). On
+# Slurm also set `gpu: <devices>` under set-resources.pretrain in profiles/slurm.
+PLANTBENCH_PRETRAIN = (
+    f"{PYTHON} -m torch.distributed.run --standalone "
+    f"--nproc_per_node {config['train']['devices']} -m plantbench.cli"
+    if config["train"]["devices"] > 1
+    else PLANTBENCH
+)
 MODELS = ["A", "B"]
 
 # The config every job of this run reads: written once when the run starts (onstart: after the
@@ -23,6 +56,39 @@ RUN_CONFIG = str(_pbrun.job_config_path(config))
 
 onstart:
     _pbrun.write_run_config(config)
+
+
+# A failed run ends with the failing rules, their logs and the logs' last lines (the cause).
+# Workflows that use this one as a module call both hooks: `onstart: plantbench.onstart()`.
+onerror:
+    _report_failures()
+
+
+def _log_tail(path: str, n: int = 5) -> list[str]:
+    """The last ``n`` non-empty lines of a job's log (the CLI's one-line error is the last)."""
+    try:
+        with open(path, errors="replace") as fh:
+            lines = [line.rstrip() for line in fh if line.strip()]
+    except OSError:
+        return ["(no log written)"]
+    return lines[-n:] or ["(log is empty)"]
+
+
+def _report_failures() -> None:
+    """One block per failed job: rule, wildcards, log file and its last lines."""
+    scheduler = getattr(workflow, "scheduler", None)
+    failed = sorted(getattr(scheduler, "failed", ()), key=lambda job: job.rule.name)
+    lines = []
+    for job in failed:
+        wc = ", ".join(f"{k}={v}" for k, v in job.wildcards.items())
+        lines.append(
+            f"plantbench: rule {job.rule.name}{f' ({wc})' if wc else ''} failed"
+        )
+        for log in job.log:
+            lines.append(f"  log: {log}")
+            lines += [f"  | {line}" for line in _log_tail(log)]
+    if lines:
+        logger.error("\n".join(lines))
 
 
 def sections(rule):

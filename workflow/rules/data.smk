@@ -22,8 +22,9 @@ rule facts:
         runtime=10,
     params:
         sections=sections("facts"),
+        plantbench=PLANTBENCH,
     shell:
-        "plantbench facts -c {resources.run_config:q} 2> {log:q}"
+        "{params.plantbench} facts -c {resources.run_config:q} 2> {log:q}"
 
 
 rule corpus:
@@ -43,8 +44,9 @@ rule corpus:
         runtime=corpus_runtime,
     params:
         sections=sections("corpus"),
+        plantbench=PLANTBENCH,
     shell:
-        "plantbench corpus -c {resources.run_config:q} 2> {log:q}"
+        "{params.plantbench} corpus -c {resources.run_config:q} 2> {log:q}"
 
 
 rule tokenizer:
@@ -65,8 +67,9 @@ rule tokenizer:
         runtime=tokenizer_runtime,
     params:
         sections=sections("tokenizer"),
+        plantbench=PLANTBENCH,
     shell:
-        "RAYON_NUM_THREADS={threads} plantbench tokenizer -c {resources.run_config:q} 2> {log:q}"
+        "RAYON_NUM_THREADS={threads} {params.plantbench} tokenizer -c {resources.run_config:q} 2> {log:q}"
 
 
 rule stream:
@@ -91,5 +94,6 @@ rule stream:
         runtime=stream_runtime,
     params:
         sections=sections("stream"),
+        plantbench=PLANTBENCH,
     shell:
-        "RAYON_NUM_THREADS={threads} plantbench stream -c {resources.run_config:q} 2> {log:q}"
+        "RAYON_NUM_THREADS={threads} {params.plantbench} stream -c {resources.run_config:q} 2> {log:q}"

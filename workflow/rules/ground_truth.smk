@@ -22,8 +22,9 @@ rule causal:
         runtime=30,
     params:
         sections=sections("causal"),
+        plantbench=PLANTBENCH,
     shell:
-        "plantbench causal -c {resources.run_config:q} --threads {threads} 2> {log:q}"
+        "{params.plantbench} causal -c {resources.run_config:q} --threads {threads} 2> {log:q}"
 
 
 rule report:
@@ -32,8 +33,18 @@ rule report:
         models=expand("{R}/models/{model}/meta.json", R=R, model=MODELS),
         analysis=f"{R}/analysis/meta.json",
     output:
+        meta=f"{R}/report/meta.json",
         report=f"{R}/report/report.md",
-        loss=report(f"{R}/report/loss_curves.png", category="Training"),
+        html=report(
+            f"{R}/report/report.html",
+            caption="../report/report.rst",
+            category="Report",
+        ),
+        loss=report(
+            f"{R}/report/loss_curves.png",
+            caption="../report/loss_curves.rst",
+            category="Training",
+        ),
         learned=report(
             f"{R}/report/learned_rate.png",
             caption="../report/learned_rate.rst",
@@ -62,5 +73,6 @@ rule report:
         runtime=10,
     params:
         sections=sections("report"),
+        plantbench=PLANTBENCH,
     shell:
-        "plantbench report -c {resources.run_config:q} 2> {log:q}"
+        "{params.plantbench} report -c {resources.run_config:q} 2> {log:q}"

@@ -25,13 +25,7 @@ rule pretrain:
         runtime=lambda wc, attempt: 60 * attempt,
     params:
         sections=sections("pretrain"),
-        # train.devices > 1: one data-parallel process per GPU (torchrun picks a free port, so
-        # both twins' jobs can share a node; `accelerate launch --multi_gpu` works the same way).
-        # On Slurm also set `gpu: <devices>` under set-resources.pretrain in profiles/slurm.
-        launch=(
-            f"torchrun --standalone --nproc_per_node {config['train']['devices']} -m plantbench.cli"
-            if config["train"]["devices"] > 1
-            else "plantbench"
-        ),
+        # one process, or one per GPU when train.devices > 1 (see common.smk)
+        launch=PLANTBENCH_PRETRAIN,
     shell:
         "{params.launch} pretrain -c {resources.run_config:q} --model {wildcards.model} --threads {threads} 2> {log:q}"

@@ -19,5 +19,6 @@ rule verify:
         runtime=30,
     params:
         sections=sections("verify"),
+        plantbench=PLANTBENCH,
     shell:
-        "plantbench verify -c {resources.run_config:q} --out {output:q} > {log:q} 2>&1"
+        "{params.plantbench} verify -c {resources.run_config:q} --out {output:q} > {log:q} 2>&1"

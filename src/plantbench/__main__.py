@@ -1,0 +1,7 @@
+"""``python -m plantbench <step>``: the CLI through the interpreter itself (the rules call this)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
