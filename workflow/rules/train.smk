@@ -16,6 +16,8 @@ rule pretrain:
         bench_of("pretrain_{model}")
     wildcard_constraints:
         model="A|B",
+    # both twins first, side by side: the pretraining is the critical path of the DAG
+    priority: 50
     conda:
         "../../envs/plantbench.yaml"
     threads: config["train"]["threads"]
