@@ -20,7 +20,6 @@ exporting twice gives byte-identical files.
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -176,12 +175,14 @@ def _copy_tree(src: Path, dst: Path) -> None:
 
 def _checkpoint_inputs(paths: Paths, metas: dict[str, dict[str, Any]]) -> dict[str, str]:
     """Each twin's final checkpoint hash (hash_tree of its folder, from checkpoints/index.json)."""
-    out = {}
-    for m in MODELS:
-        index = json.loads((paths.checkpoints(m) / "index.json").read_text())
-        final = metas[f"model_{m}"]["info"]["final_checkpoint"]
-        out[f"checkpoint_{m}"] = next(c["hash"] for c in index if c["name"] == final)
-    return out
+    from .features import checkpoint_entry
+
+    return {
+        f"checkpoint_{m}": checkpoint_entry(
+            paths, m, metas[f"model_{m}"]["info"]["final_checkpoint"]
+        )["hash"]
+        for m in MODELS
+    }
 
 
 def _copy_models(paths: Paths, metas: dict[str, dict[str, Any]], out: Path) -> None:
