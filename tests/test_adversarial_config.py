@@ -90,11 +90,11 @@ CASES: list[tuple[str, dict | Setup | str, str]] = [
         "tracin-more-than-saved",
         {"features": {"tracin_checkpoints": 5}},
         "'features.tracin_checkpoints' = 5 asks for more checkpoints than the 4 that "
-        "train.steps = 1200 with train.checkpoint_every_steps = 300 saves",
+        "train.steps = 1280 with train.checkpoint_every_steps = 320 saves",
     ),
     (
         "tracin-with-one-checkpoint",
-        {"train": {"checkpoint_every_steps": 1200}},
+        {"train": {"checkpoint_every_steps": 1280}},
         "'features.tracin_checkpoints' = 2 asks for more checkpoints than the 1 that",
     ),
     ("yaml-exponent", "train:\n  lr: 3e-3\n", "YAML reads 3e-3 as a string: write 3.0e-3"),
@@ -279,6 +279,7 @@ def _tiny_study(tmp: Path, **stream: Any) -> str:
             "sources": [{"kind": "text", "path": str(_tiny_corpus(tmp / "tiny.txt"))}],
             "max_doc_chars": 400,
         },
+        "tokenizer": {"reading_bytes": 0},  # the corpus alone: too small for the vocabulary
         "stream": {"window": 1024, **stream},
         "methods": {"plugins": []},
     }

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from plantbench import analysis, cli, config, io, metrics
+from plantbench import analysis, cli, config, io, metrics, pool
 from plantbench.errors import ArtifactError
 from plantbench.methods import registry
 from plantbench.paths import MODELS, Paths
@@ -58,8 +58,10 @@ def write_scores(
     pool_hash: str,
     *,
     top_k: int = 20,
+    fractions: tuple[float, ...] = config.DEFAULT_HAYSTACK,
 ) -> None:
-    """Write queries/own/topk parquet + meta.json for a (n_queries, n_pool) score matrix."""
+    """Write queries/own/topk/haystack parquet + meta.json for a (n_queries, n_pool) score
+    matrix (haystack levels seeded as the scorer's: background = windows of no fact)."""
     folder.mkdir(parents=True, exist_ok=True)
     qrows, orows, trows = [], [], []
     for qi, qid in enumerate(query_ids):
@@ -85,18 +87,54 @@ def write_scores(
         orows, columns=["query_id", "fact_id", "window", "score", "n_greater", "n_ties"]
     )
     tdf = pd.DataFrame(trows, columns=["query_id", "rank", "window", "score"])
+    hdf = haystack_rows(query_ids, window_fact, scores, fractions)
     io.write_parquet(folder / "queries.parquet", qdf)
     io.write_parquet(folder / "own.parquet", odf.astype({"window": "int64"}))
     io.write_parquet(folder / "topk.parquet", tdf)
+    io.write_parquet(folder / "haystack.parquet", hdf.assign(window=windows[hdf["window"]]))
     io.write_meta(
         folder,
         "scores",
-        ["queries.parquet", "own.parquet", "topk.parquet"],
+        ["queries.parquet", "own.parquet", "topk.parquet", "haystack.parquet"],
         config_hash="test",
         inputs={"pool": pool_hash},
         info={"method": method, "model": model},
         code={"method": registry.code_hash(method)} if method in registry.available() else None,
     )
+
+
+def haystack_rows(
+    query_ids: list[str],
+    window_fact: np.ndarray,
+    scores: np.ndarray,
+    fractions: tuple[float, ...],
+) -> pd.DataFrame:
+    """haystack.parquet rows by brute force, sorted by query, window, share (``window`` = the
+    pool row; the caller maps it to the window index)."""
+    table = pd.DataFrame({"kind": np.where(window_fact == "", "background", "planted")})
+    levels = pool.haystack_levels({"seed": 0, "analysis": {"haystack": list(fractions)}}, table)
+    rows = []
+    for qi, qid in enumerate(query_ids):
+        fid = qid.split(":")[0]
+        own = window_fact == fid
+        for j, f in enumerate(fractions, start=1):
+            inside = levels <= j
+            row = scores[qi, inside].astype(np.float64)
+            finite = bool(np.isfinite(row).all())
+            stats = (
+                float(row.mean()) if finite else NAN,
+                float(row.std()) if finite else NAN,
+                metrics.degenerate(row) or "",
+            )
+            g, t = counts_above_and_tied(row, own[inside])
+            size = (int((inside & (levels > 0)).sum()), int(inside.sum()))
+            for w, sc, gi, ti in zip(np.flatnonzero(own), scores[qi, own], g, t, strict=True):
+                rows.append((qi, qid, fid, int(w), f, *size, float(sc), int(gi), int(ti), *stats))
+    cols = ["qi", "query_id", "fact_id", "window", "fraction", "n_background", "n_pool"]
+    cols += ["score", "n_greater", "n_ties", "mean", "std", "degenerate"]
+    df = pd.DataFrame(rows, columns=cols).sort_values(["qi", "window", "fraction"], kind="stable")
+    ints = ("window", "n_background", "n_pool", "n_greater", "n_ties")
+    return df.drop(columns="qi").astype(dict.fromkeys(ints, "int64")).reset_index(drop=True)
 
 
 # --------------------------------------------------------------------------------------------

@@ -44,7 +44,11 @@ def test_deep_merge_keeps_siblings():
         ({"train": {"steps": 100}}, "does not fit in the stream"),
         (
             {
-                "facts": {"distractors_per_entity": 4, "facts_per_cell": 2},
+                "facts": {
+                    "distractors_per_entity": 4,
+                    "facts_per_cell": 2,
+                    "n_docs": [2, 8, 32, 128],
+                },
                 "train": {"steps": 300},
                 "stream": {
                     "position_spans": {

@@ -33,18 +33,47 @@ def test_episodes_are_seeded_and_cover_every_format(episode_run):
     tables = _tables(episode_run)
     one = episodes.generate(cfg, tables, 60)
     pd.testing.assert_frame_equal(one, episodes.generate(cfg, tables, 60))
-    assert set(one["format"]) == set(episodes.FORMATS)
+    assert {f for fs in one["formats"] for f in fs.split(",")} == set(episodes.FORMATS)
     assert set(one["segments"]) == {1, 2, 3}
+    assert (one["tasks"] <= np.minimum(one["segments"], episodes.max_tasks(cfg))).all()
     for r in one.itertuples():
-        lines = r.text.split("\n")
-        target = lines[r.target]
-        assert r.entity in target and target.endswith(f" {r.answer}.")
-        if r.format == "question":
-            assert lines[-1] == f"Answer: {r.answer}"
-        elif r.format == "completion":
-            assert lines[-1] == target
+        _check_tasks(r)
+
+
+def _check_tasks(r) -> None:
+    """Every task of an episode asks about its own segment and ends with that segment's answer."""
+    lines = r.text.split("\n")
+    segs, tasks = lines[: r.segments], lines[r.segments :]
+    targets = [int(t) for t in r.targets.split(",")]
+    fmts = r.formats.split(",")
+    assert len(targets) == len(fmts) == r.tasks == len(set(targets))
+    assert r.entity in segs[targets[-1]] and segs[targets[-1]].endswith(f" {r.answer}.")
+    i = 0
+    for fmt, t in zip(fmts, targets, strict=True):
+        target = segs[t]
+        if fmt == "question":
+            assert tasks[i].startswith("Question: ") and target.endswith(tasks[i + 1][8:] + ".")
+            assert tasks[i + 1].startswith("Answer: ")
+            i += 2
+        elif fmt == "completion":
+            assert tasks[i] == target
+            i += 1
         else:
-            assert lines[-1] == f"Answer: {target}"
+            assert tasks[i + 1] == f"Answer: {target}"
+            i += 2
+    assert i == len(tasks)
+
+
+def test_several_tasks_per_episode_ask_about_distinct_segments(episode_run):
+    cfg = config.load([episode_run / "config.json"])
+    cfg = config.deep_merge(cfg, {"stream": {"episode_segments": 4, "episode_tasks": 3}})
+    room = 90  # characters, to show that a long episode asks fewer questions instead
+    eps = episodes.generate(cfg, _tables(episode_run), 80, fits=lambda t: len(t) <= 400)
+    assert eps["tasks"].max() == 3 and (eps["tasks"] <= eps["segments"]).all()
+    for r in eps.itertuples():
+        _check_tasks(r)
+    short = episodes.generate(cfg, _tables(episode_run), 40, fits=lambda t: len(t) <= room * 3)
+    assert (short["text"].str.len() <= room * 3).all() and short["tasks"].min() >= 1
 
 
 def test_no_episode_names_a_grid_entity_or_answer(episode_run):
@@ -94,9 +123,11 @@ def test_batch_shows_episode_windows(episode_run, capsys):
     assert " episode " in out and "EP0" in out
 
 
-def test_no_episodes_by_default(smoke_cfg):
-    assert episodes.share(smoke_cfg) == 0.0
-    assert episodes.count(smoke_cfg, 10_000) == 0
+def test_the_default_study_reads_episodes_and_none_without_the_key(smoke_cfg):
+    assert episodes.share(smoke_cfg) == 0.25  # config.yaml's, inherited by the smoke study
+    assert episodes.count(smoke_cfg, 10_000) == 2_500
+    bare = {**smoke_cfg, "stream": {"window": 128, "position_spans": {}}}
+    assert episodes.share(bare) == 0.0 and episodes.count(bare, 10_000) == 0
 
 
 @pytest.mark.parametrize("share", [0.9, 0.99])
@@ -104,3 +135,9 @@ def test_an_episode_share_that_leaves_no_background_is_refused(smoke_cfg, share)
     bad = config.deep_merge(smoke_cfg, {"stream": {"episode_share": share}})
     with pytest.raises(ConfigError, match="lower stream.episode_share"):
         config.validate(bad)
+
+
+def test_a_window_no_episode_fits_is_refused_naming_the_key(episode_run):
+    cfg = config.load([episode_run / "config.json"])
+    with pytest.raises(ConfigError, match="raise stream.window"):
+        episodes.generate(cfg, _tables(episode_run), 3, fits=lambda text: len(text) < 10)

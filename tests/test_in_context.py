@@ -180,3 +180,26 @@ def test_shared_prefix_cache_gives_the_full_forward_logprobs():
     cached = queries.candidate_logprobs(model, prefix, cands)
     full, _ = queries.answer_logprobs(model, [([*prefix, *c], len(c)) for c in cands], 8)
     np.testing.assert_allclose(cached, full, rtol=0, atol=1e-4)
+
+
+def test_the_stream_step_refuses_contexts_that_do_not_fit_before_writing(tmp_path, capsys):
+    """A causal.context_segments too large for the window fails at the stream step, before any
+    training, with one line naming the key, and no stream is written."""
+    import yaml
+    from upstream import ROOT, SMOKE
+
+    from plantbench import cli
+
+    over = tmp_path / "o.yaml"
+    results = tmp_path / "results"
+    over.write_text(yaml.safe_dump({"results": str(results), "causal": {"context_segments": 40}}))
+    files = ["-c", str(ROOT / "config.yaml"), "-c", str(SMOKE), "-c", str(over)]
+    assert cli.main(["config", *files]) == 0
+    cfg = str(results / "config.json")
+    for step in ("facts", "corpus", "tokenizer"):
+        assert cli.main([step, "-c", cfg]) == 0
+    capsys.readouterr()
+    assert cli.main(["stream", "-c", cfg]) != 0
+    err = capsys.readouterr().err
+    assert "causal.context_segments" in err and "lower causal.context_segments" in err
+    assert not (results / "stream").exists()

@@ -178,3 +178,21 @@ def test_max_train_bytes_trains_on_a_seeded_sample(built, tmp_path: Path) -> Non
     full = json.loads((tok_dir / "meta.json").read_text())
     assert 0 < meta["info"]["train_fraction"] < 0.5 and full["info"]["train_fraction"] == 1.0
     assert meta["hash"] == again["hash"] != full["hash"]
+
+
+def test_reading_bytes_give_template_words_and_names_tokens_of_their_own(built, tmp_path) -> None:
+    from plantbench import episodes
+
+    cfg, corpus_dir, tok_dir = built
+    texts = [t for b in episodes.tokenizer_texts(9, 30_000) for t in b]
+    assert texts == [t for b in episodes.tokenizer_texts(9, 30_000) for t in b]  # seeded
+    assert 30_000 <= sum(len(t.encode()) for t in texts) < 31_000
+    reading = {**cfg, "tokenizer": {**cfg["tokenizer"], "reading_bytes": 200_000}}
+    meta = tokenizer.run(reading, corpus_dir, tmp_path / "r")
+    assert meta["info"]["reading_bytes"] == 200_000
+    assert "reading_bytes" not in json.loads((tok_dir / "meta.json").read_text())["info"]
+    plain, read = tokenizer.load(tok_dir), tokenizer.load(tmp_path / "r")
+    held_out = [t for b in episodes.tokenizer_texts(10, 20_000) for t in b]  # another seed
+    n_plain = sum(map(len, tokenizer.encode_batch(plain, held_out)))
+    n_read = sum(map(len, tokenizer.encode_batch(read, held_out)))
+    assert n_read < 0.8 * n_plain, (n_read, n_plain)

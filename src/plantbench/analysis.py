@@ -7,7 +7,10 @@ written by ``plantbench score`` (or any tool that honours the same contract):
   pool size and a ``degenerate`` flag ("" | "nan" | "constant");
 * ``own.parquet``: per (query, own window) the score, ``n_greater`` (pool windows with a strictly
   greater score) and ``n_ties`` (other pool windows with exactly the same score); NaN scores
-  rank below every number.
+  rank below every number;
+* ``haystack.parquet``: the same counts and per-query statistics in nested sub-pools (every
+  planted and distractor window and a growing seeded share of the background, the shares of
+  ``analysis.haystack``), graded by the same code into ``haystack.csv``.
 
 Definitions (``../shared/DESIGN.md``; conventions of :mod:`plantbench.metrics`):
 
@@ -33,7 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from . import io, metrics
-from .config import config_hash
+from .config import config_hash, haystack_fractions
 from .errors import ArtifactError, ConfigError
 from .hashing import hash_file
 from .paths import MODELS, Paths
@@ -69,6 +72,16 @@ OWN_COLUMNS: dict[str, str] = {
     "n_greater": "integer",
     "n_ties": "integer",
 }
+HAYSTACK_FILE = "haystack.parquet"
+HAYSTACK_COLUMNS: dict[str, str] = {
+    **OWN_COLUMNS,
+    "fraction": "float",
+    "n_background": "integer",
+    "n_pool": "integer",
+    "mean": "float",
+    "std": "float",
+    "degenerate": "string",
+}
 FACT_KEEP = [
     "fact_id",
     "domain",
@@ -87,6 +100,7 @@ OUTPUT_FILES = [
     "learned_grid.csv",
     "per_fact.parquet",
     "per_query.parquet",
+    "haystack.csv",
 ]
 
 
@@ -284,20 +298,23 @@ def check_score_code(method: str, meta: dict[str, Any], folder: Path) -> None:
         )
 
 
+def check_score_file(folder: Path, meta: dict[str, Any], name: str) -> None:
+    """A file the score meta lists, on disk with its recorded hash."""
+    expected = meta.get("files", {}).get(name)
+    if expected is None:
+        raise ArtifactError(f"'{folder / io.META}' does not list {name}; rerun its scoring step")
+    f = folder / name
+    if not f.is_file() or hash_file(f) != expected:
+        raise ArtifactError(
+            f"'{f}' is missing or does not match its recorded hash; rerun its scoring step"
+        )
+
+
 def load_scores(paths: Paths, method: str, model: str, lineage: Lineage) -> Scores:
     folder = score_dir(paths, method, model)
     meta = read_score_meta(folder)
     for name in SCORE_FILES:  # verify only what we read (scores.npy may be large)
-        expected = meta.get("files", {}).get(name)
-        if expected is None:
-            raise ArtifactError(
-                f"'{folder / io.META}' does not list {name}; rerun its scoring step"
-            )
-        f = folder / name
-        if not f.is_file() or hash_file(f) != expected:
-            raise ArtifactError(
-                f"'{f}' is missing or does not match its recorded hash; rerun its scoring step"
-            )
+        check_score_file(folder, meta, name)
     check_score_lineage(paths, method, model, meta, lineage)
     check_score_code(method, meta, folder)
     queries = io.read_parquet(folder / "queries.parquet")
@@ -437,6 +454,79 @@ def grade_queries(scores: Scores, facts: pd.DataFrame) -> pd.DataFrame:
     out.insert(0, "model", scores.model)
     out.insert(0, "method", scores.method)
     return out.sort_values("query_id").reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------------------------
+# The haystack: the same grading in nested sub-pools
+# --------------------------------------------------------------------------------------------
+
+
+def load_haystack(scores: Scores, fractions: list[float]) -> pd.DataFrame:
+    """A score artifact's haystack.parquet, checked: hash, columns, shares = ``fractions``,
+    one row per own window and share."""
+    folder, path = scores.folder, scores.folder / HAYSTACK_FILE
+    check_score_file(folder, scores.meta, HAYSTACK_FILE)
+    hay = io.read_parquet(path)
+    _check_columns(hay, HAYSTACK_COLUMNS, path)
+    found = sorted(set(hay["fraction"].astype(float)))
+    if len(scores.own) and found != fractions:
+        raise ArtifactError(
+            f"'{path}' holds the haystack shares {found}, but analysis.haystack is {fractions}; "
+            "rerun its scoring step"
+        )
+    if len(hay) != len(scores.own) * len(fractions):
+        raise ArtifactError(
+            f"'{path}' has {len(hay)} rows, not one per own window and share "
+            f"({len(scores.own)} x {len(fractions)}); rerun its scoring step"
+        )
+    return hay
+
+
+def haystack_scores(scores: Scores, hay: pd.DataFrame, fraction: float) -> Scores:
+    """The sub-pool at share ``fraction`` as score tables: its own rows (own.parquet's columns
+    and order) and its per-query mean, std, size and degenerate flag."""
+    sub = hay[hay["fraction"] == fraction]
+    stats = sub.drop_duplicates("query_id")[["query_id", "mean", "std", "n_pool", "degenerate"]]
+    queries = scores.queries[["query_id", "fact_id", "form"]].merge(
+        stats, on="query_id", how="inner", validate="1:1"
+    )
+    own = sub[list(OWN_COLUMNS)].reset_index(drop=True)
+    return replace(scores, queries=queries, own=own)
+
+
+def grade_haystack(
+    scores: Scores, hay: pd.DataFrame, facts: pd.DataFrame, fractions: list[float]
+) -> pd.DataFrame:
+    """:func:`grade_queries` in every sub-pool: one row per graded query and share, with the
+    share, its background windows and its size."""
+    parts = []
+    for f in fractions:
+        graded = grade_queries(haystack_scores(scores, hay, f), facts)
+        size = hay.loc[hay["fraction"] == f, ["n_background", "n_pool"]]
+        graded.insert(2, "fraction", f)
+        graded.insert(3, "n_background", int(size["n_background"].iloc[0]) if len(size) else 0)
+        graded.insert(4, "n_pool", int(size["n_pool"].iloc[0]) if len(size) else 0)
+        parts.append(graded)
+    return pd.concat(parts, ignore_index=True)
+
+
+def haystack_summary(per_query: pd.DataFrame) -> pd.DataFrame:
+    """haystack.csv: per method, model and share the mean AP and mass over the graded queries
+    (mass over those with a finite one), as retrieval.csv averages."""
+    rows = []
+    keys = ["method", "model", "fraction", "n_background", "n_pool"]
+    for key, g in per_query.groupby(keys, sort=False):
+        mass = g["mass"].dropna()
+        rows.append(
+            {
+                **dict(zip(keys, key, strict=True)),
+                "ap": float(g["ap"].mean()),
+                "mass": float(mass.mean()) if len(mass) else np.nan,
+                "n_queries": int(len(g)),
+                "degenerate": degenerate_summary(g["degenerate"]),
+            }
+        )
+    return pd.DataFrame(rows, columns=[*keys, "ap", "mass", "n_queries", "degenerate"])
 
 
 def degenerate_summary(labels: pd.Series) -> str:
@@ -615,14 +705,17 @@ def run(cfg: dict[str, Any], paths: Paths) -> dict[str, Any]:
     if missing_cols:
         raise ArtifactError(f"'{paths.causal / 'facts.parquet'}' lacks column(s) {missing_cols}")
 
-    per_query_parts = []
+    fractions = haystack_fractions(cfg)
+    per_query_parts, haystack_parts = [], []
     inputs: dict[str, str] = {"causal": causal_meta["hash"]}
     for method in methods:
         for model in MODELS:
             s = load_scores(paths, method, model, lineage)
             per_query_parts.append(grade_queries(s, facts))
+            haystack_parts.append(grade_haystack(s, load_haystack(s, fractions), facts, fractions))
             inputs[f"score_{method}_{model}"] = s.meta["hash"]
     per_query = pd.concat(per_query_parts, ignore_index=True)
+    haystack = haystack_summary(pd.concat(haystack_parts, ignore_index=True))
     retrieval = retrieval_table(per_query, facts, methods)
     per_fact = per_fact_table(per_query, facts)
 
@@ -652,6 +745,7 @@ def run(cfg: dict[str, Any], paths: Paths) -> dict[str, Any]:
     write_csv(out / "learned_grid.csv", grid)
     io.write_parquet(out / "per_fact.parquet", per_fact)
     io.write_parquet(out / "per_query.parquet", per_query)
+    write_csv(out / "haystack.csv", haystack)
     elapsed = time.perf_counter() - t0
     log.info("analysis: %d methods x %d facts graded in %.1f s", len(methods), len(facts), elapsed)
     return io.write_meta(
@@ -669,5 +763,6 @@ def run(cfg: dict[str, Any], paths: Paths) -> dict[str, Any]:
             "correlation": "Pearson on within-cell ranks (24 cells: domain x n_docs x position)",
             "vs_final_loss": "plain Pearson across all facts",
             "tie_convention": "pessimistic",
+            "haystack": fractions,
         },
     )

@@ -164,6 +164,29 @@ def _fact_table(inp: _Inputs, qdf: pd.DataFrame, ranks: dict[str, int]) -> pd.Da
     return out[FACT_COLUMNS].sort_values("fact_id").reset_index(drop=True)
 
 
+CELL = ["domain", "n_docs", "position"]
+
+
+def recipe_summary(facts: pd.DataFrame, positions: list[str]) -> dict[str, float]:
+    """What the twin recipe must reach (results/README.md, causal meta ``info.recipe``): the
+    learned facts' mean reader answer loss per token, the learned rate of the latest position's
+    facts with the most documents and of the earliest position's, and the seed's mechanism,
+    the within-cell (domain x n_docs x position) rank correlation of effect with answer length."""
+    from . import metrics
+
+    most = facts["n_docs"].max()
+    late = facts[(facts["position"] == positions[-1]) & (facts["n_docs"] == most)]
+    early = facts[facts["position"] == positions[0]]
+    ranks = metrics.within_cell_ranks(facts, CELL, ["effect", "answer_tokens"])
+    learned = facts.loc[facts["learned"], "final_loss"]
+    return {
+        "learned_final_loss": float(learned.mean()) if len(learned) else float("nan"),
+        "late_most_docs_learned": float(late["learned"].mean()),
+        "early_learned": float(early["learned"].mean()),
+        "effect_vs_answer_tokens": metrics.pearson(ranks["effect"], ranks["answer_tokens"]),
+    }
+
+
 def run(cfg: dict[str, Any], paths: Paths, *, threads: int = 1) -> dict[str, Any]:
     torch.set_num_threads(threads)
     inp = _read_inputs(paths)
@@ -202,5 +225,6 @@ def run(cfg: dict[str, Any], paths: Paths, *, threads: int = 1) -> dict[str, Any
             "learned_rate": rate,
             "context_segments": k,
             "in_context": in_context.summary(ic),
+            "recipe": recipe_summary(out, list(cfg["facts"]["positions"])),
         },
     )

@@ -154,6 +154,7 @@ def _check_semantics(cfg: dict[str, Any]) -> None:
     _check_corpus(cfg["corpus"])
     _check_tracin(cfg)
     _check_methods(cfg["methods"])
+    _check_haystack(cfg["analysis"])
 
 
 def _check_model(m: dict[str, Any]) -> None:
@@ -280,6 +281,30 @@ def _check_tracin(cfg: dict[str, Any]) -> None:
             f"{have} that train.steps = {t['steps']} with train.checkpoint_every_steps = "
             f"{t['checkpoint_every_steps']} saves; lower features.tracin_checkpoints to {have} "
             "or lower train.checkpoint_every_steps"
+        )
+
+
+DEFAULT_HAYSTACK: tuple[float, ...] = (0.25, 0.5, 1.0)
+
+
+def haystack_fractions(cfg: Mapping[str, Any]) -> list[float]:
+    """``analysis.haystack``: the nested shares of the pool's background graded (default
+    :data:`DEFAULT_HAYSTACK`; the last is always 1.0, the whole pool)."""
+    return [float(f) for f in cfg["analysis"].get("haystack", DEFAULT_HAYSTACK)]
+
+
+def _check_haystack(a: dict[str, Any]) -> None:
+    """The haystack shares rise strictly and end at the whole pool (the schema keeps each in
+    (0, 1])."""
+    if "haystack" not in a:
+        return
+    fractions = [float(f) for f in a["haystack"]]
+    rising = all(x < y for x, y in pairwise(fractions))
+    if not rising or fractions[-1] != 1.0:
+        raise ConfigError(
+            f"config key 'analysis.haystack' = {json.dumps(a['haystack'])} must rise strictly "
+            "and end at 1.0 (the whole pool); list the background shares in ascending order "
+            "with 1.0 last, e.g. [0.25, 0.5, 1.0]"
         )
 
 

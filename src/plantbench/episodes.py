@@ -2,7 +2,8 @@
 
 An episode is a short text about invented entities that are *not* in the fact grid: k facts'
 sentences, one per line (the same plain format as the in-context check and the context suites),
-then a task answered from them about one of those entities, in one of three formats:
+then t tasks (``stream.episode_tasks``, at most k), each answered from them about another of
+those entities (seeded order), each in one of three formats:
 
 - ``question``: ``Question: <the relation's question>\\nAnswer: <answer>``;
 - ``completion``: the entity's sentence again, which ends with its answer;
@@ -13,13 +14,15 @@ will build, but every name in it is new: the generator reserves every word of th
 and :func:`check_disjoint` refuses an episode that names a grid entity or answer. Episodes are
 identical in A and B (they are background, read by both), so the twins still differ exactly at
 the planted windows. Their share of the stream is ``stream.episode_share`` (default 0) and their
-size ``stream.episode_segments`` (k is drawn from 1..that, per episode).
+size ``stream.episode_segments`` (k is drawn from 1..that, per episode). Every task is a
+supervised copy from the context; several tasks per episode give the twins several per window,
+and since segments often share a relation, only the entity's name tells which one to copy from.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -31,8 +34,12 @@ from .rng import rng
 
 FORMATS = ("question", "completion", "restate")
 DEFAULT_SEGMENTS = 2
+DEFAULT_TASKS = 1
+MAX_DRAWS = 10_000  # draws of one episode before the window is called too short
 TABLE = "episodes.parquet"
-COLUMNS = ["episode_id", "format", "segments", "target", "entity", "answer", "text"]
+# formats and targets: the tasks' formats and segment indices (0-based), comma-separated, in the
+# order the tasks are asked; entity and answer: those of the last task
+COLUMNS = ["episode_id", "segments", "tasks", "formats", "targets", "entity", "answer", "text"]
 _WORD = re.compile(r"[A-Za-z0-9]+")
 _PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+")
 
@@ -52,6 +59,10 @@ def share(cfg: Mapping[str, Any]) -> float:
 
 def max_segments(cfg: Mapping[str, Any]) -> int:
     return int(cfg["stream"].get("episode_segments", DEFAULT_SEGMENTS))
+
+
+def max_tasks(cfg: Mapping[str, Any]) -> int:
+    return int(cfg["stream"].get("episode_tasks", DEFAULT_TASKS))
 
 
 def count(cfg: Mapping[str, Any], n_windows: int) -> int:
@@ -107,16 +118,23 @@ def _grid_names(tables: Mapping[str, pd.DataFrame]) -> set[str]:
     return grid - facts_mod._template_words()
 
 
-def _episode(names: Any, gen: np.random.Generator, k_max: int) -> tuple[str, int, int, dict, str]:
+def _episode(
+    names: Any, gen: np.random.Generator, k_max: int, t_max: int
+) -> tuple[list[dict[str, str]], list[int], list[str]]:
+    """One episode's segments, and its tasks' targets (segment indices) and formats."""
     names.used = set()  # names are unique within an episode and never a grid root; the same
     # invented name may recur in another episode with another fact, so nothing about an
     # episode's entities can be memorized: only reading answers it
     k = int(gen.integers(1, k_max + 1))
     segs = [_sentence(names, gen) for _ in range(k)]
-    target = int(gen.integers(k))
-    fmt = FORMATS[int(gen.integers(len(FORMATS)))]
-    text = "\n".join([*(s["sentence"] for s in segs), _task(fmt, segs[target])])
-    return fmt, k, target, segs[target], text
+    targets = [int(i) for i in gen.permutation(k)[: min(k, t_max)]]
+    fmts = [FORMATS[int(gen.integers(len(FORMATS)))] for _ in targets]
+    return segs, targets, fmts
+
+
+def _text(segs: list[dict[str, str]], targets: list[int], fmts: list[str]) -> str:
+    tasks = [_task(f, segs[i]) for f, i in zip(fmts, targets, strict=True)]
+    return "\n".join([*(s["sentence"] for s in segs), *tasks])
 
 
 def generate(
@@ -126,9 +144,10 @@ def generate(
     fits: Callable[[str], bool] = lambda text: True,
 ) -> pd.DataFrame:
     """``n`` seeded episodes (columns :data:`COLUMNS`); no name in them occurs in the grid, and
-    each ``fits`` (its window): an episode whose compound name happens to equal a grid word, or
-    that is too long, is drawn again."""
-    seed, k_max = int(cfg["seed"]), max_segments(cfg)
+    each ``fits`` (its window): an episode too long for it asks fewer questions, and one whose
+    compound name happens to equal a grid word, or whose segments alone are too long, is drawn
+    again."""
+    seed, k_max, t_max = int(cfg["seed"]), max_segments(cfg), max_tasks(cfg)
     gen = rng(seed, "episodes")
     names = facts_mod._Names(
         rng(seed, "episodes", "names"), facts_mod._template_words() | grid_words(tables)
@@ -136,10 +155,33 @@ def generate(
     grid = _grid_names(tables)
     rows = []
     for i in range(n):
-        fmt, k, target, t, text = _episode(names, gen, k_max)
-        while grid & _words(text) or not fits(text):
-            fmt, k, target, t, text = _episode(names, gen, k_max)
-        rows.append((f"EP{i:06d}", fmt, k, target, t["entity"], t["answer"], text))
+        for attempt in range(MAX_DRAWS + 1):
+            if attempt == MAX_DRAWS:
+                raise ConfigError(
+                    f"no reading episode fits stream.window in {MAX_DRAWS} draws (even one "
+                    "sentence and one task is too long); raise stream.window or set "
+                    "stream.episode_share to 0"
+                )
+            segs, targets, fmts = _episode(names, gen, k_max, t_max)
+            text = _text(segs, targets, fmts)
+            while len(targets) > 1 and not fits(text):  # too long: ask fewer questions
+                targets, fmts = targets[:-1], fmts[:-1]
+                text = _text(segs, targets, fmts)
+            if fits(text) and not grid & _words(text):
+                break
+        t = segs[targets[-1]]
+        rows.append(
+            (
+                f"EP{i:06d}",
+                len(segs),
+                len(targets),
+                ",".join(fmts),
+                ",".join(map(str, targets)),
+                t["entity"],
+                t["answer"],
+                text,
+            )
+        )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -154,3 +196,24 @@ def check_disjoint(episodes: pd.DataFrame, tables: Mapping[str, pd.DataFrame]) -
                 "answer; episodes must use their own names (change seed or lower "
                 "stream.episode_share)"
             )
+
+
+def tokenizer_texts(seed: int, n_bytes: int, batch: int = 256) -> Iterator[list[str]]:
+    """About ``n_bytes`` of seeded sentences about invented entities, in batches: what the
+    tokenizer reads next to the corpus (``tokenizer.reading_bytes``), so that the template words
+    and the name syllables of documents and episodes get tokens of their own. Its names come
+    from a generator of their own (purpose ``tokenizer``): no grid name is learned as a token."""
+    gen = rng(seed, "tokenizer", "reading")
+    names = facts_mod._Names(rng(seed, "tokenizer", "names"), facts_mod._template_words())
+    done, out = 0, []
+    while done < n_bytes:
+        names.used = set()
+        t = _sentence(names, gen)
+        text = "\n".join([t["sentence"], _task("question", t)])
+        out.append(text)
+        done += len(text.encode())
+        if len(out) == batch:
+            yield out
+            out = []
+    if out:
+        yield out

@@ -27,7 +27,7 @@ from .errors import ConfigError
 from .rng import rng
 
 CONDITIONS = ("none", "context", "counterfactual")
-DEFAULT_SEGMENTS = 2  # what the default twins' 128-token window holds with the question form
+DEFAULT_SEGMENTS = 2  # when causal.context_segments is absent (the default study sets 4)
 TABLE = "in_context.parquet"
 COLUMNS = [
     "fact_id",

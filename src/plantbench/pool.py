@@ -19,18 +19,24 @@ hash      uint64  xxh3-64 of the window's tokens (as in the manifest)
 The pool size is a pure function of the config (:func:`pool_size`), so the Snakefile can fix
 the number of feature shards before anything is built; :func:`build` checks that the realised
 pool has exactly that size.
+
+Haystack levels (:func:`haystack_levels`, computed from the table, not stored): the sub-pool at
+share ``f`` of ``analysis.haystack`` holds every planted and distractor window and the first
+``ceil(f * n_background)`` background windows of a seeded permutation of the pool's background
+rows (``rng(seed, "pool", "haystack")``), so every sub-pool holds the ones before it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from . import episodes, io
-from .config import config_hash
+from .config import config_hash, haystack_fractions
 from .errors import ArtifactError
 from .paths import MODELS, Paths
 from .rng import rng
@@ -71,6 +77,24 @@ def pool_size(cfg: dict[str, Any]) -> int:
     """Number of windows in each model's pool (``pool.random_windows`` is capped at the number
     of background windows in the stream)."""
     return sum(pool_counts(cfg).values())
+
+
+def haystack_cuts(fractions: list[float], n_background: int) -> np.ndarray:
+    """Background windows in each haystack sub-pool: ``ceil(f * n_background)`` per share
+    (rounded to 9 decimals first, so that 0.07 * 100 gives 7, not 8)."""
+    return np.array([math.ceil(round(f * n_background, 9)) for f in fractions], dtype=np.int64)
+
+
+def haystack_levels(cfg: dict[str, Any], table: pd.DataFrame) -> np.ndarray:
+    """Per pool row (``table`` order) the first haystack sub-pool holding it: 0 = every one
+    (planted and distractor windows), ``j`` = the ``j``-th share of ``analysis.haystack`` and
+    after (background windows). Sub-pool ``j`` = the rows with level ``<= j``."""
+    background = np.flatnonzero(table["kind"].to_numpy() == "background")
+    order = rng(cfg["seed"], "pool", "haystack").permutation(background.size)
+    cuts = haystack_cuts(haystack_fractions(cfg), background.size)
+    levels = np.zeros(len(table), dtype=np.int64)
+    levels[background[order]] = np.searchsorted(cuts, np.arange(background.size), "right") + 1
+    return levels
 
 
 def pool_config_hash(cfg: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ import pandas as pd  # noqa: E402
 
 from . import io, metrics  # noqa: E402
 from .config import study_hash  # noqa: E402
+from .errors import ArtifactError  # noqa: E402
 from .paths import MODELS, Paths  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,12 @@ def _ci(row: Any, key: str) -> str:
 
 def read_analysis(paths: Paths) -> dict[str, pd.DataFrame]:
     folder = paths.root / "analysis"
-    io.read_meta(folder, "analysis")
+    meta = io.read_meta(folder, "analysis")
+    if "haystack.csv" not in meta["files"]:
+        raise ArtifactError(
+            f"'{folder / io.META}' does not list haystack.csv (an analysis of an older version); "
+            "rerun the analysis step"
+        )
     opts: dict[str, Any] = {"dtype": {"degenerate": str}, "keep_default_na": False, "na_values": []}
     ret = pd.read_csv(folder / "retrieval.csv", **opts)
     corr = pd.read_csv(folder / "correlations.csv", **opts)
@@ -200,7 +206,16 @@ def read_analysis(paths: Paths) -> dict[str, pd.DataFrame]:
                 df[c] = pd.to_numeric(df[c].replace("", np.nan))
     grid = pd.read_csv(folder / "learned_grid.csv", dtype={"n_docs": str, "position": str})
     per_fact = io.read_parquet(folder / "per_fact.parquet")
-    return {"retrieval": ret, "correlations": corr, "learned_grid": grid, "per_fact": per_fact}
+    hay = pd.read_csv(folder / "haystack.csv", **opts)
+    for c in ("fraction", "ap", "mass"):
+        hay[c] = pd.to_numeric(hay[c].replace("", np.nan))
+    return {
+        "retrieval": ret,
+        "correlations": corr,
+        "learned_grid": grid,
+        "per_fact": per_fact,
+        "haystack": hay,
+    }
 
 
 def _deg_note(deg: str) -> str:
@@ -228,6 +243,30 @@ def retrieval_table(ret: pd.DataFrame) -> pd.DataFrame:
                 f"AP, {hi} documents": _num(p[f"ap_{hi}"], "{:.2f}"),
             }
         )
+    return pd.DataFrame(rows)
+
+
+def _share(f: float) -> str:
+    return f"{f:.0%}" if abs(100 * f - round(100 * f)) < 1e-9 else f"{100 * f:.1f}%"
+
+
+def haystack_table(hay: pd.DataFrame) -> pd.DataFrame:
+    """AP as the haystack grows: one row per method, one column per background share, cells
+    "AP model A / AP model B" (``analysis/haystack.csv``)."""
+    by = hay.set_index(["method", "model", "fraction"])
+    fractions = sorted(hay["fraction"].unique())
+    header = {}
+    for f in fractions:
+        n = " / ".join(
+            f"{int(x):,}" for x in hay.loc[hay["fraction"] == f, "n_background"].unique()
+        )
+        header[f] = f"{_share(f)} of the background ({n} windows)"
+    rows = []
+    for m in dict.fromkeys(hay["method"]):
+        row = {"Method": method_label(m)}
+        for f in fractions:
+            row[header[f]] = " / ".join(_num(by.loc[(m, x, f), "ap"]) for x in MODELS)
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -410,6 +449,17 @@ def analysis_sections(paths: Paths, out_dir: Path | None = None) -> str:
     lines += [
         "![AP by method and documents per fact](ap_by_n_docs.png)",
         "",
+        "## AP as the haystack grows",
+        "",
+        "AP (model A / model B) in nested sub-pools: every planted and distractor window and a "
+        "growing seeded share of the pool's background windows, each sub-pool holding the one "
+        "before; the last column is the whole pool, as in the table above. AP falls as "
+        "background is added, so read a small run against a 100,000-window pool (the paper "
+        "preset's) by this trend, not by its whole-pool AP alone. Data: "
+        "`analysis/haystack.csv`.",
+        "",
+        markdown_table(haystack_table(a["haystack"])),
+        "",
         "## Did the documents that mattered get the mass?",
         "",
         "Attributed mass = mean standardized score (z over the pool for that query) of the fact's "
@@ -468,6 +518,21 @@ def in_context_table(rates: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+def recipe_line(causal_meta: dict[str, Any]) -> str:
+    """How well the twins memorize (the causal meta's ``info.recipe``), one paragraph."""
+    r = causal_meta["info"].get("recipe")
+    if not r:
+        return ""
+    return (
+        f"Learned facts keep a mean answer loss of {r['learned_final_loss']:.2f} nats per token "
+        f"under the twin that read them; the last position's facts with the most documents are "
+        f"{_pct(r['late_most_docs_learned'])} learned, the first position's "
+        f"{_pct(r['early_learned'])}. Within cells, the causal effect's rank correlation with "
+        f"answer length is {r['effect_vs_answer_tokens']:+.2f} (the seed's mechanism: a fact "
+        "memorized outright gains log-probability on every answer token).\n"
+    )
 
 
 def in_context_section(paths: Paths, causal_meta: dict[str, Any]) -> str:
@@ -550,6 +615,7 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
         f"Mean causal effect: {facts['effect'].mean():+.3f} nats; "
         f"facts with a positive effect: {100 * (facts['effect'] > 0).mean():.0f}%.",
         "",
+        recipe_line(causal_meta),
         in_context_section(paths, causal_meta),
         graded,
         "## Pretraining",

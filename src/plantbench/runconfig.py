@@ -9,7 +9,8 @@ with other settings writes another file and cannot touch this run's. ``<results>
 is a copy for people (``plantbench verify -c results/config.json``); no job reads it.
 
 Which config a rule depends on is :data:`RULE_SECTIONS`: top-level sections or single keys
-(``train.steps``). Their hash is the rule's ``params`` entry, so a change reruns exactly the rules
+(``train.steps``; ``analysis.haystack?``: an optional key, hashed only when the config sets it,
+so adding the key with its default value reruns nothing else). Their hash is the rule's ``params`` entry, so a change reruns exactly the rules
 that use it (changing ``train.lr`` retrains, it does not rebuild the stream).
 """
 
@@ -48,7 +49,7 @@ RULE_SECTIONS: dict[str, tuple[str, ...]] = {
     "curvature": ("features", "curvature"),
     "hidden": ("features",),
     "embed": ("features",),
-    "score": ("scoring", "features", "curvature"),
+    "score": ("scoring", "features", "curvature", "analysis.haystack?"),
     "analysis": ("analysis", "methods"),
     "report": _ALL,
     "verify": _ALL,
@@ -97,12 +98,26 @@ def _pick(cfg: Mapping[str, Any], key: str) -> Any:
     return node
 
 
+def _has(cfg: Mapping[str, Any], key: str) -> bool:
+    """Whether the config sets the dotted ``key``."""
+    node: Any = cfg
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
 def rule_sections(cfg: Mapping[str, Any], rule: str) -> str:
     """Hash of the config keys ``rule`` depends on (a rule's ``params``: a change reruns it)."""
     keys = RULE_SECTIONS[rule]
     if keys == _ALL:
         keys = tuple(sorted(cfg))
-    picked = {k: _pick(cfg, k) for k in keys}
+    picked = {
+        k.removesuffix("?"): _pick(cfg, k.removesuffix("?"))
+        for k in keys
+        if not k.endswith("?") or _has(cfg, k.removesuffix("?"))
+    }
     return hash_bytes(canonical_json(picked).encode())[:16]
 
 

@@ -25,11 +25,21 @@ every fact, both forms, also those of facts the model never read):
     ``n_greater + n_ties + 1``, the optimistic ``n_greater + 1``.
 ``topk.parquet``: query_id, rank (int64, 1..k), window (int64), score (float64): the
     ``scoring.top_k`` highest-scoring windows per query (ties broken by lower pool row).
+``haystack.parquet``: the same counts in nested sub-pools, one row per (query, own window,
+    share f of ``analysis.haystack``), sorted by query, window, share: query_id, fact_id, window,
+    fraction (float64: f), n_background (int64: background windows in the sub-pool), n_pool
+    (int64: its size), score, n_greater, n_ties (as in own.parquet, counted in the sub-pool),
+    mean, std, degenerate (as in queries.parquet, over the sub-pool). The sub-pool at f holds
+    every planted and distractor window and the first ceil(f x background) background windows of
+    a seeded order (:func:`plantbench.pool.haystack_levels`), so each holds the one before; the
+    rows with fraction 1.0 repeat own.parquet and queries.parquet exactly. Counted in the second
+    sweep, per query block, by exact level (then summed), so memory stays per block.
 ``scores.npy``: the full float32 matrix ``[n_queries (queries.parquet order), n_pool
     (pool.parquet row order)]``, only when ``n_queries * n_pool <= 50,000,000``
     (``info.full_matrix`` says whether it was written).
 ``meta.json``: inputs = the pool, facts and every feature artifact hash the method read;
-    info = method, model, n_queries, n_pool, top_k, description, scale (the score's scale and sign).
+    info = method, model, n_queries, n_pool, top_k, description, scale (the score's scale and sign),
+    haystack (fractions, n_pool and n_background per share).
 """
 
 from __future__ import annotations
@@ -45,18 +55,32 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import io
-from .config import config_hash
+from . import io, pool
+from .config import config_hash, haystack_fractions
 from .errors import ArtifactError, PlantbenchError
 from .paths import MODELS, Paths
 
 log = logging.getLogger(__name__)
 
 FULL_MATRIX_LIMIT = 50_000_000
-FILES = ("queries.parquet", "own.parquet", "topk.parquet")
+FILES = ("queries.parquet", "own.parquet", "topk.parquet", "haystack.parquet")
 SCORES_NPY = "scores.npy"
 
 ScoreFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+@dataclass
+class HaystackScores:
+    """What :func:`score_tiled` counts per nested sub-pool (column ``j`` = the ``j + 1``-th
+    haystack share; the last column = the whole pool, equal to :class:`TiledScores`' own)."""
+
+    n_pool: np.ndarray  # [J] int64 windows in the sub-pool
+    n_background: np.ndarray  # [J] int64 of them with level > 0
+    mean: np.ndarray  # [n_q, J] float64 (NaN for queries without own windows, below the last)
+    std: np.ndarray  # [n_q, J] float64
+    degenerate: np.ndarray  # [n_q, J] str
+    n_greater: np.ndarray  # [n_own, J] int64
+    n_ties: np.ndarray  # [n_own, J] int64
 
 
 @dataclass
@@ -69,6 +93,53 @@ class TiledScores:
     n_ties: np.ndarray  # [n_own] int64
     top_rows: np.ndarray  # [n_q, k] int64 pool rows
     top_scores: np.ndarray  # [n_q, k] float64
+    haystack: HaystackScores | None = None  # only when score_tiled was given levels
+
+
+class _Running:
+    """Per query: count, mean and M2 of the finite scores (merged block by block, Chan et al.),
+    their min and max, and whether any score that counts was not finite."""
+
+    def __init__(self, nb: int) -> None:
+        self.cnt = np.zeros(nb)
+        self.mu = np.zeros(nb)
+        self.m2 = np.zeros(nb)
+        self.lo = np.full(nb, np.inf)
+        self.hi = np.full(nb, -np.inf)
+        self.bad = np.zeros(nb, dtype=bool)
+
+    def add(self, s: np.ndarray, fin: np.ndarray, inside: np.ndarray | None = None) -> None:
+        """Merge the block ``s`` (NaN where not finite; ``fin`` its finite entries), only its
+        columns ``inside`` when given."""
+        if inside is None:
+            self.bad |= ~fin.all(1)
+        else:
+            self.bad |= (~fin[:, inside]).any(1)
+            fin = fin & inside
+        nb = self.cnt.size
+        c_b = fin.sum(1).astype(np.float64)
+        z = np.where(fin, s, 0.0)
+        mu_b = z.sum(1) / np.maximum(c_b, 1)
+        m2_b = (np.where(fin, s - mu_b[:, None], 0.0) ** 2).sum(1)
+        n_new = self.cnt + c_b
+        delta = mu_b - self.mu
+        w = np.divide(c_b, n_new, out=np.zeros(nb), where=n_new > 0)
+        self.mu = self.mu + delta * w
+        self.m2 = self.m2 + m2_b + delta**2 * self.cnt * w
+        self.cnt = n_new
+        self.lo = np.minimum(self.lo, np.where(fin, s, np.inf).min(1))
+        self.hi = np.maximum(self.hi, np.where(fin, s, -np.inf).max(1))
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Mean, population std and degenerate flag ("", "nan", "constant") per query."""
+        cnt = self.cnt
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(cnt > 0, self.mu, np.nan)
+            std = np.where(cnt > 0, np.sqrt(np.maximum(self.m2, 0) / cnt), np.nan)
+        const = (cnt > 0) & (self.hi == self.lo)
+        mean = np.where(const, self.hi, mean)
+        std = np.where(const, 0.0, std)
+        return mean, std, np.where(self.bad, "nan", np.where(const, "constant", ""))
 
 
 def _merge_topk(
@@ -84,6 +155,84 @@ def _merge_topk(
     return np.take_along_axis(cand_s, order, 1), np.take_along_axis(cand_r, order, 1)
 
 
+def _count_against(row: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Entries of ``row`` strictly greater than / equal to each value of ``v`` (NaN lowest,
+    NaN equal to NaN); the value itself is counted among the equal ones when in ``row``."""
+    srt = np.sort(row[~np.isnan(row)])
+    isn = np.isnan(v)
+    r = np.searchsorted(srt, v, side="right")
+    left = np.searchsorted(srt, v, side="left")
+    return np.where(isn, srt.size, srt.size - r), np.where(isn, row.size - srt.size, r - left)
+
+
+@dataclass
+class _Sweep2:
+    """One query block's second sweep: per own window (rows of ``local``) its greater and equal
+    counts by exact haystack level ``[n_sel, n_levels + 1]``; per sub-pool below the whole pool
+    the running statistics of every query of the block."""
+
+    greater: np.ndarray
+    equal: np.ndarray
+    stats: list[_Running]
+
+
+def _sweep2(
+    scratch: np.ndarray,
+    local: np.ndarray,
+    v: np.ndarray,
+    levels: np.ndarray,
+    n_levels: int,
+    pool_block: int,
+) -> _Sweep2:
+    """Count, block by block over the stored scores, each own window's rivals per level."""
+    nb, n_pool = scratch.shape
+    by_query = {int(u): np.flatnonzero(local == u) for u in np.unique(local)}
+    out = _Sweep2(
+        np.zeros((v.size, n_levels + 1), dtype=np.int64),
+        np.zeros((v.size, n_levels + 1), dtype=np.int64),
+        [_Running(nb) for _ in range(n_levels - 1)],
+    )
+    for p0 in range(0, n_pool, pool_block):
+        blk = np.asarray(scratch[:, p0 : min(p0 + pool_block, n_pool)])
+        lev = levels[p0 : p0 + blk.shape[1]]
+        present = np.unique(lev)
+        for lv in present:
+            part = blk if present.size == 1 else blk[:, lev == lv]
+            for u, idx in by_query.items():
+                g, t = _count_against(part[u], v[idx])
+                out.greater[idx, lv] += g
+                out.equal[idx, lv] += t
+        if out.stats:
+            fin = ~np.isnan(blk)
+            for j, run in enumerate(out.stats, start=1):
+                run.add(blk, fin, lev <= j)
+    return out
+
+
+def _check_levels(levels: np.ndarray, n_levels: int, n_pool: int, own_pool: np.ndarray) -> None:
+    if levels.shape != (n_pool,) or n_levels < 1:
+        raise PlantbenchError(f"haystack levels must be one per pool row ({n_pool}), n_levels >= 1")
+    if levels.min(initial=0) < 0 or levels.max(initial=0) > n_levels:
+        raise PlantbenchError(f"haystack levels must lie in 0..{n_levels}")
+    if (levels[own_pool] != 0).any():
+        raise PlantbenchError("own windows must be in every haystack sub-pool (level 0)")
+
+
+def _empty_haystack(
+    levels: np.ndarray, n_levels: int, n_queries: int, n_own: int
+) -> HaystackScores:
+    n_pool = np.array([(levels <= j).sum() for j in range(1, n_levels + 1)], dtype=np.int64)
+    return HaystackScores(
+        n_pool,
+        n_pool - int((levels == 0).sum()),
+        np.full((n_queries, n_levels), np.nan),
+        np.full((n_queries, n_levels), np.nan),
+        np.full((n_queries, n_levels), "", dtype=object),
+        np.zeros((n_own, n_levels), dtype=np.int64),
+        np.zeros((n_own, n_levels), dtype=np.int64),
+    )
+
+
 def score_tiled(
     fn: ScoreFn,
     n_queries: int,
@@ -97,16 +246,28 @@ def score_tiled(
     full: np.ndarray | None = None,
     scratch_dir: str | Path | None = None,
     name: str = "method",
+    levels: np.ndarray | None = None,
+    n_levels: int = 1,
 ) -> TiledScores:
     """Score ``fn(query_rows, pool_rows)`` over all tiles; see the module docstring.
 
     ``own_query[i]``, ``own_pool[i]``: the (query row, pool row) pairs whose scores and ranks
     are wanted. ``full``: an optional ``[n_queries, n_pool]`` array filled with float32 scores.
+    ``levels``: optional haystack level per pool row (0..``n_levels``, own windows 0, see
+    :func:`plantbench.pool.haystack_levels`); then the result's ``haystack`` holds the own
+    windows' counts and the queries' statistics in each sub-pool ``levels <= j``.
     """
     if n_pool < 1:
         raise PlantbenchError("cannot score an empty pool")
     own_query = np.asarray(own_query, dtype=np.int64)
     own_pool = np.asarray(own_pool, dtype=np.int64)
+    hay = None
+    if levels is not None:
+        levels = np.asarray(levels, dtype=np.int64)
+        _check_levels(levels, n_levels, n_pool, own_pool)
+        hay = _empty_haystack(levels, n_levels, n_queries, len(own_query))
+    lev = levels if levels is not None else np.zeros(n_pool, dtype=np.int64)
+    n_lev = n_levels if levels is not None else 1
     k = min(int(top_k), n_pool)
     mean = np.zeros(n_queries)
     std = np.zeros(n_queries)
@@ -125,12 +286,7 @@ def score_tiled(
             scratch = np.lib.format.open_memmap(
                 Path(tmp) / f"q{q0}.npy", mode="w+", dtype=np.float64, shape=(nb, n_pool)
             )
-            cnt = np.zeros(nb)
-            mu = np.zeros(nb)
-            m2 = np.zeros(nb)
-            lo = np.full(nb, np.inf)
-            hi = np.full(nb, -np.inf)
-            bad = np.zeros(nb, dtype=bool)
+            run = _Running(nb)
             ts = np.zeros((nb, 0))
             tr = np.zeros((nb, 0), dtype=np.int64)
             # sweep 1: scores, running statistics, top-k
@@ -148,48 +304,29 @@ def score_tiled(
                 scratch[:, p0:p1] = s
                 if full is not None:
                     full[q0:q1, p0:p1] = s.astype(np.float32)
-                c_b = fin.sum(1).astype(np.float64)
-                z = np.where(fin, s, 0.0)
-                mu_b = z.sum(1) / np.maximum(c_b, 1)
-                m2_b = (np.where(fin, s - mu_b[:, None], 0.0) ** 2).sum(1)
-                n_new = cnt + c_b
-                delta = mu_b - mu
-                w = np.divide(c_b, n_new, out=np.zeros(nb), where=n_new > 0)
-                mu = mu + delta * w
-                m2 = m2 + m2_b + delta**2 * cnt * w
-                cnt = n_new
-                lo = np.minimum(lo, np.where(fin, s, np.inf).min(1))
-                hi = np.maximum(hi, np.where(fin, s, -np.inf).max(1))
-                bad |= ~fin.all(1)
+                run.add(s, fin)
                 ts, tr = _merge_topk(ts, tr, s, prows, k)
             scratch.flush()
-            with np.errstate(invalid="ignore", divide="ignore"):
-                mean[q0:q1] = np.where(cnt > 0, mu, np.nan)
-                std[q0:q1] = np.where(cnt > 0, np.sqrt(np.maximum(m2, 0) / cnt), np.nan)
-            const = (cnt > 0) & (hi == lo)
-            mean[q0:q1] = np.where(const, hi, mean[q0:q1])
-            std[q0:q1] = np.where(const, 0.0, std[q0:q1])
-            degenerate[q0:q1] = np.where(bad, "nan", np.where(const, "constant", ""))
+            mean[q0:q1], std[q0:q1], degenerate[q0:q1] = run.finish()
             top_scores[q0:q1], top_rows[q0:q1] = ts, tr
-            # sweep 2: ranks of the own windows against the stored scores
+            if hay is not None:
+                hay.mean[q0:q1, -1] = mean[q0:q1]
+                hay.std[q0:q1, -1] = std[q0:q1]
+                hay.degenerate[q0:q1, -1] = degenerate[q0:q1]
+            # sweep 2: ranks of the own windows against the stored scores, per haystack level
             sel = np.flatnonzero((own_query >= q0) & (own_query < q1))
             if sel.size:
                 local = own_query[sel] - q0
                 own_score[sel] = scratch[local, own_pool[sel]]
-                by_query = {int(u): sel[local == u] for u in np.unique(local)}
-                for p0 in range(0, n_pool, pool_block):
-                    blk = np.asarray(scratch[:, p0 : min(p0 + pool_block, n_pool)])
-                    for u, idx in by_query.items():
-                        row = blk[u]
-                        srt = np.sort(row[~np.isnan(row)])
-                        n_nan = row.size - srt.size
-                        v = own_score[idx]
-                        isn = np.isnan(v)
-                        r = np.searchsorted(srt, v, side="right")
-                        left = np.searchsorted(srt, v, side="left")
-                        n_greater[idx] += np.where(isn, srt.size, srt.size - r)
-                        n_ties[idx] += np.where(isn, n_nan, r - left)
-                n_ties[sel] -= 1  # the window itself
+                sw = _sweep2(scratch, local, own_score[sel], lev, n_lev, pool_block)
+                n_greater[sel] = sw.greater.sum(1)
+                n_ties[sel] = sw.equal.sum(1) - 1  # the window itself
+                if hay is not None:
+                    hay.n_greater[sel] = np.cumsum(sw.greater, 1)[:, 1:]
+                    hay.n_ties[sel] = np.cumsum(sw.equal, 1)[:, 1:] - 1
+                    for j, sub in enumerate(sw.stats):
+                        m, sd, d = sub.finish()
+                        hay.mean[q0:q1, j], hay.std[q0:q1, j], hay.degenerate[q0:q1, j] = m, sd, d
             del scratch
             log.info(
                 "%s: queries %d/%d scored against %d windows (%.1fs)",
@@ -199,8 +336,18 @@ def score_tiled(
                 n_pool,
                 time.time() - t0,
             )
+    if hay is not None:
+        hay.degenerate = hay.degenerate.astype(str)
     return TiledScores(
-        mean, std, degenerate.astype(str), own_score, n_greater, n_ties, top_rows, top_scores
+        mean,
+        std,
+        degenerate.astype(str),
+        own_score,
+        n_greater,
+        n_ties,
+        top_rows,
+        top_scores,
+        hay,
     )
 
 
@@ -216,6 +363,33 @@ def own_pairs(queries: pd.DataFrame, pool: pd.DataFrame) -> pd.DataFrame:
     planted = pool.loc[pool["kind"] == "planted", ["row", "window", "fact_id"]]
     pairs = q.merge(planted, on="fact_id", how="inner")
     return pairs.sort_values(["q", "window"]).reset_index(drop=True)
+
+
+def haystack_table(
+    pairs: pd.DataFrame, fractions: list[float], own_score: np.ndarray, hay: HaystackScores
+) -> pd.DataFrame:
+    """haystack.parquet: one row per (query, own window, share), sorted by query, window and
+    share (so each share's rows are in own.parquet order)."""
+    n_f = len(fractions)
+    rep = np.repeat(np.arange(len(pairs)), n_f)
+    col = np.tile(np.arange(n_f), len(pairs))
+    q = pairs["q"].to_numpy(np.int64)[rep]
+    return pd.DataFrame(
+        {
+            "query_id": pairs["query_id"].astype(str).to_numpy()[rep],
+            "fact_id": pairs["fact_id"].astype(str).to_numpy()[rep],
+            "window": pairs["window"].to_numpy(np.int64)[rep],
+            "fraction": np.asarray(fractions, dtype=np.float64)[col],
+            "n_background": hay.n_background[col].astype(np.int64),
+            "n_pool": hay.n_pool[col].astype(np.int64),
+            "score": own_score.astype(np.float64)[rep],
+            "n_greater": hay.n_greater.ravel().astype(np.int64),
+            "n_ties": hay.n_ties.ravel().astype(np.int64),
+            "mean": hay.mean[q, col].astype(np.float64),
+            "std": hay.std[q, col].astype(np.float64),
+            "degenerate": hay.degenerate[q, col].astype(str),
+        }
+    )
 
 
 def _blas_threads(threads: int | None) -> Any:
@@ -246,6 +420,7 @@ def run(
     pairs = own_pairs(ctx.queries, ctx.pool)
     n_q, n_p = ctx.n_queries, ctx.n_pool
     sc = cfg["scoring"]
+    fractions = haystack_fractions(cfg)
     write_full = n_q * n_p <= FULL_MATRIX_LIMIT
     out = paths.scores(method, model)
     t0 = time.time()
@@ -267,6 +442,8 @@ def run(
             full=full,
             scratch_dir=tmp,
             name=f"{method}/{model}",
+            levels=pool.haystack_levels(cfg, ctx.pool),
+            n_levels=len(fractions),
         )
         if full is not None:
             full.flush()
@@ -298,6 +475,11 @@ def run(
                     "n_ties": res.n_ties.astype(np.int64),
                 }
             ),
+        )
+        assert res.haystack is not None
+        io.write_parquet(
+            tmp / "haystack.parquet",
+            haystack_table(pairs, fractions, res.own_score, res.haystack),
         )
         k = res.top_rows.shape[1]
         windows = ctx.pool["window"].to_numpy(np.int64)
@@ -341,6 +523,11 @@ def run(
                     f"n_queries*n_pool = {n_q * n_p} > {FULL_MATRIX_LIMIT}"
                 ),
                 "degenerate": degenerate,
+                "haystack": {
+                    "fractions": fractions,
+                    "n_pool": res.haystack.n_pool.tolist(),
+                    "n_background": res.haystack.n_background.tolist(),
+                },
                 "seconds": round(time.time() - t0, 3),
             },
         )

@@ -11,9 +11,9 @@ Layout rules (see results/README.md):
 - A document window is ``<bos> document <eos>`` followed by held-out padding text taken from a
   fixed offset that depends only on the window index, so A and B pad identically wherever they
   read the same document.
-- Reading episodes (``stream.episode_share`` of the windows, default none; see
-  :mod:`plantbench.episodes`) take seeded free windows anywhere, padded like documents, the same
-  in A and B.
+- Reading episodes (``stream.episode_share`` of the windows: 0 when the key is absent, 25% in the
+  default study; see :mod:`plantbench.episodes`) take seeded free windows anywhere, padded like
+  documents, the same in A and B.
 - Every other window is background: ``<bos> doc <eos>`` training documents concatenated in a
   seeded order and cut into consecutive windows (both models read the same background). When
   the stream is longer than the train split, another pass follows in a new seeded order; more
@@ -340,6 +340,38 @@ def _episodes(
     return eps
 
 
+def _document_tokens(tok: Any, tables: list[pd.DataFrame], window: int) -> dict[str, list[int]]:
+    """Token ids (no <bos>/<eos>) of every ``doc_id``'s ``text``; refuse one longer than the
+    window (with <bos>/<eos>)."""
+    ids = sorted(i for t in tables for i in t["doc_id"])
+    text = {i: x for t in tables for i, x in zip(t["doc_id"], t["text"], strict=True)}
+    out = dict(zip(ids, tokenizer.encode_batch(tok, [text[i] for i in ids]), strict=True))
+    if not out:
+        return out
+    longest = max(out, key=lambda d: len(out[d]))
+    if len(out[longest]) + 2 > window:
+        raise ConfigError(
+            f"stream.window = {window} is shorter than document {longest} "
+            f"({len(out[longest]) + 2} tokens with <bos>/<eos>); raise stream.window"
+            + (" or lower stream.episode_segments" if longest.startswith("EP") else "")
+        )
+    return out
+
+
+def _check_contexts_fit(
+    cfg: dict[str, Any], paths: Paths, tok: Any, facts: pd.DataFrame, window: int
+) -> None:
+    """Refuse, before any training, a ``causal.context_segments`` whose in-context prompts the
+    causal step could not fit in the twins' window (it checks again, on the same prompts)."""
+    from . import in_context
+
+    cands = io.read_parquet(paths.facts / "candidates.parquet")
+    k = in_context.n_segments(cfg)
+    ctx = in_context.build_contexts(facts, cands, k, int(cfg["seed"]))
+    prompts = in_context.prompts(ctx, io.read_parquet(paths.facts / "queries.parquet"))
+    in_context.check_fits(tok, prompts, cands, window)
+
+
 def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
     """Build both streams into ``paths.stream('A')`` and ``paths.stream('B')``."""
     t0 = time.time()
@@ -356,7 +388,12 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
     N = n_windows(cfg)
     B = int(cfg["train"]["batch_windows"])
 
+    # Tokenize every document once; check that each fits its window (episodes fit by
+    # construction), and that the causal step's in-context prompts will.
+    doc_tokens = _document_tokens(tok, [documents, distractors], W)
     eps = _episodes(cfg, paths, tok, facts, documents, distractors, N)
+    doc_tokens.update(_document_tokens(tok, [eps.rename(columns={"episode_id": "doc_id"})], W))
+    _check_contexts_fit(cfg, paths, tok, facts, W)
     slots = plan_slots(cfg, facts, documents, distractors, eps["episode_id"].tolist())
     log.info(
         "stream: %d windows of %d tokens, %d document slots (%d reading episodes)",
@@ -365,22 +402,6 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
         len(slots),
         len(eps),
     )
-
-    # Tokenize every document once; check that each fits its window.
-    doc_text = dict(zip(documents["doc_id"], documents["text"], strict=True))
-    doc_text.update(zip(distractors["doc_id"], distractors["text"], strict=True))
-    doc_text.update(zip(eps["episode_id"], eps["text"], strict=True))
-    ids = sorted(doc_text)
-    doc_tokens = dict(
-        zip(ids, tokenizer.encode_batch(tok, [doc_text[i] for i in ids]), strict=True)
-    )
-    longest = max(doc_tokens, key=lambda d: len(doc_tokens[d]))
-    if len(doc_tokens[longest]) + 2 > W:
-        raise ConfigError(
-            f"stream.window = {W} is shorter than document {longest} ({len(doc_tokens[longest]) + 2} "
-            "tokens with <bos>/<eos>); raise stream.window"
-            + (" or lower stream.episode_segments" if longest.startswith("EP") else "")
-        )
 
     dtype = _token_dtype(vocab)
     # The held-out split pads document windows (a few MB: kept in memory); the training split is

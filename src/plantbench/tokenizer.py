@@ -26,6 +26,7 @@ artifact is byte-for-byte reproducible. Pretraining copies both files into every
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import sys
@@ -192,7 +193,14 @@ def run(cfg: dict[str, Any], corpus_dir: Path, out_dir: Path) -> dict[str, Any]:
             100 * fraction,
             cap,
         )
-    tok = train_batches(cfg, corpus_mod.iter_texts(corpus_dir, "train", sample=sample))
+    reading = int(cfg["tokenizer"].get("reading_bytes", 0))
+    batches = corpus_mod.iter_texts(corpus_dir, "train", sample=sample)
+    if reading:
+        from . import episodes
+
+        log.info("tokenizer: adding %d bytes of sentences about invented entities", reading)
+        batches = itertools.chain(batches, episodes.tokenizer_texts(int(cfg["seed"]), reading))
+    tok = train_batches(cfg, batches)
 
     info: dict[str, Any] = {
         "train_fraction": round(fraction, 6),
@@ -200,6 +208,8 @@ def run(cfg: dict[str, Any], corpus_dir: Path, out_dir: Path) -> dict[str, Any]:
         "vocab_size_requested": int(cfg["tokenizer"]["vocab_size"]),
         "special_tokens": {PAD: PAD_ID, BOS: BOS_ID, EOS: EOS_ID},
     }
+    if reading:
+        info["reading_bytes"] = reading
     warning = vocab_warning(cfg, tok)
     if warning is not None:
         print(f"plantbench: warning: {warning}", file=sys.stderr, flush=True)

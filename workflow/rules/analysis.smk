@@ -27,6 +27,12 @@ rule analysis:
             category="Analysis",
             labels={"table": "learned grid"},
         ),
+        haystack=report(
+            f"{R}/analysis/haystack.csv",
+            caption="../report/haystack.rst",
+            category="Analysis",
+            labels={"table": "haystack"},
+        ),
         per_fact=f"{R}/analysis/per_fact.parquet",
         per_query=f"{R}/analysis/per_query.parquet",
     log:
