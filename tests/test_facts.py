@@ -100,7 +100,8 @@ def test_grid_counts(cfg, tables):
 
     per_fact = Counter(tables["documents"]["fact_id"])
     assert all(per_fact[r.fact_id] == r.n_docs for r in f.itertuples())
-    assert len(tables["documents"]) == 2 * 3 * 2 * (2 + 8 + 32 + 128) * fc["facts_per_cell"]
+    assert fc["n_docs"] == [1, 4, 16, 64]  # the default study's frequencies
+    assert len(tables["documents"]) == 2 * 3 * 2 * (1 + 4 + 16 + 64) * fc["facts_per_cell"]
 
     per_entity = Counter(tables["distractors"]["entity_id"])
     assert all(per_entity[e] == fc["distractors_per_entity"] for e in f["entity_id"])
@@ -349,7 +350,7 @@ def test_verify_checks_counts_against_the_config(cfg, tables):
     t = copy_tables(tables)
     t["documents"] = t["documents"].iloc[1:].reset_index(drop=True)
     facts.verify(t)  # every document rule still holds
-    with pytest.raises(PlantbenchError, match="F0000 has 1 documents, expected 2"):
+    with pytest.raises(PlantbenchError, match="F0000 has 0 documents, expected 1"):
         facts.verify(t, cfg)
 
 
