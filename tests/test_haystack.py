@@ -47,7 +47,8 @@ AP = {
 }
 
 
-def hand_tile(tmp_path: Path, **kw: Any) -> scoring.TiledScores:
+def hand_tile(tmp_path: Path, levels: Any = LEVELS, **kw: Any) -> scoring.TiledScores:
+    """The hand-made tile scored with ``levels`` (None: no haystack)."""
     return scoring.score_tiled(
         lambda q, p: TILE[np.ix_(q, p)],
         *TILE.shape,
@@ -57,8 +58,8 @@ def hand_tile(tmp_path: Path, **kw: Any) -> scoring.TiledScores:
         own_query=OWN_Q,
         own_pool=OWN_P,
         scratch_dir=tmp_path,
-        levels=LEVELS,
-        n_levels=3,
+        levels=levels,
+        n_levels=3 if levels is not None else 1,
     )
 
 
@@ -106,15 +107,7 @@ def test_hand_made_tile_counts_and_ap(tmp_path: Path, qb: int, pb: int) -> None:
 
 def test_share_one_is_the_whole_pool(tmp_path: Path) -> None:
     res = hand_tile(tmp_path)
-    plain = scoring.score_tiled(
-        lambda q, p: TILE[np.ix_(q, p)],
-        *TILE.shape,
-        query_block=1,
-        pool_block=3,
-        top_k=3,
-        own_query=OWN_Q,
-        own_pool=OWN_P,
-    )
+    plain = hand_tile(tmp_path, levels=None)
     hay = res.haystack
     assert hay is not None and plain.haystack is None
     for name in ("mean", "std", "degenerate", "own_score", "n_greater", "n_ties", "top_rows"):
@@ -130,17 +123,7 @@ def test_own_windows_must_be_in_every_sub_pool(tmp_path: Path) -> None:
     levels = LEVELS.copy()
     levels[1] = 2
     with pytest.raises(Exception, match="level 0"):
-        scoring.score_tiled(
-            lambda q, p: TILE[np.ix_(q, p)],
-            *TILE.shape,
-            query_block=1,
-            pool_block=3,
-            top_k=3,
-            own_query=OWN_Q,
-            own_pool=OWN_P,
-            levels=levels,
-            n_levels=3,
-        )
+        hand_tile(tmp_path, levels=levels)
 
 
 # --------------------------------------------------------------------------------------------

@@ -164,20 +164,18 @@ def _fact_table(inp: _Inputs, qdf: pd.DataFrame, ranks: dict[str, int]) -> pd.Da
     return out[FACT_COLUMNS].sort_values("fact_id").reset_index(drop=True)
 
 
-CELL = ["domain", "n_docs", "position"]
-
-
 def recipe_summary(facts: pd.DataFrame, positions: list[str]) -> dict[str, float]:
     """What the twin recipe must reach (results/README.md, causal meta ``info.recipe``): the
     learned facts' mean reader answer loss per token, the learned rate of the latest position's
     facts with the most documents and of the earliest position's, and the seed's mechanism,
     the within-cell (domain x n_docs x position) rank correlation of effect with answer length."""
     from . import metrics
+    from .analysis import CELL_COLS
 
     most = facts["n_docs"].max()
     late = facts[(facts["position"] == positions[-1]) & (facts["n_docs"] == most)]
     early = facts[facts["position"] == positions[0]]
-    ranks = metrics.within_cell_ranks(facts, CELL, ["effect", "answer_tokens"])
+    ranks = metrics.within_cell_ranks(facts, CELL_COLS, ["effect", "answer_tokens"])
     learned = facts.loc[facts["learned"], "final_loss"]
     return {
         "learned_final_loss": float(learned.mean()) if len(learned) else float("nan"),
@@ -191,8 +189,7 @@ def run(cfg: dict[str, Any], paths: Paths, *, threads: int = 1) -> dict[str, Any
     torch.set_num_threads(threads)
     inp = _read_inputs(paths)
     k = in_context.n_segments(cfg)
-    contexts = in_context.build_contexts(inp.facts, inp.candidates, k, int(cfg["seed"]))
-    ic_prompts = in_context.prompts(contexts, inp.queries)
+    ic_prompts = in_context.config_prompts(cfg, inp.facts, inp.candidates, inp.queries)
     cq = _candidate_queries(inp)
     sc = _score(paths, inp, cq, ic_prompts, int(cfg["causal"]["batch_size"]))
     qdf = _query_table(inp, sc)

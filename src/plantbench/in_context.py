@@ -100,6 +100,14 @@ def prompts(ctx: pd.DataFrame, qs: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
+def config_prompts(
+    cfg: dict[str, Any], facts: pd.DataFrame, candidates: pd.DataFrame, qs: pd.DataFrame
+) -> pd.DataFrame:
+    """The check's prompts for this config (``causal.context_segments``, the master seed)."""
+    ctx = build_contexts(facts, candidates, n_segments(cfg), int(cfg["seed"]))
+    return prompts(ctx, qs)
+
+
 def check_fits(tok: Any, prompts: pd.DataFrame, candidates: pd.DataFrame, window: int) -> None:
     """Refuse, before anything is written, contexts longer than the twins' window."""
     from . import tokenizer

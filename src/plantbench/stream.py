@@ -366,9 +366,8 @@ def _check_contexts_fit(
     from . import in_context
 
     cands = io.read_parquet(paths.facts / "candidates.parquet")
-    k = in_context.n_segments(cfg)
-    ctx = in_context.build_contexts(facts, cands, k, int(cfg["seed"]))
-    prompts = in_context.prompts(ctx, io.read_parquet(paths.facts / "queries.parquet"))
+    queries = io.read_parquet(paths.facts / "queries.parquet")
+    prompts = in_context.config_prompts(cfg, facts, cands, queries)
     in_context.check_fits(tok, prompts, cands, window)
 
 
