@@ -38,6 +38,9 @@ def test_bench_run_writes_the_csv(smoke_cfg: dict, tmp_path: Path) -> None:
     assert peak > 0 and float(mfu["reference"]) == peak
     assert math.isclose(float(mfu["ratio"]), float(mfu["value"]) / peak, rel_tol=1e-4)
     assert (Paths(cfg).benchmarks / bench.PROFILE_NAME).read_text().count("aten::") > 5
+    unpinned, pinned = [r for r in rows if "float pin" in r["what"]]
+    assert "pin off" in unpinned["what"] and "pin off" not in pinned["what"]
+    assert pinned["reference"] == unpinned["value"]  # the ratio is pinned over unpinned
 
 
 def test_gpu_check_cpu_fallback(tmp_path: Path) -> None:

@@ -15,6 +15,8 @@ of several timed repeats.
   (:meth:`plantbench.plan.Shape.train_flops_per_token`). The MFU row divides FLOP per
   CPU-second of this process on both sides (process CPU time x threads), so that other
   processes sharing the cores do not bias the ratio; wall-clock rates are reported too.
+  The float pin's cost (:mod:`plantbench.floats`): the same step's tokens/s in fresh processes
+  with the pin and without it (``PLANTBENCH_FLOAT_PIN=off``), arms alternated, best of each.
 * ``features``: :func:`plantbench.bench_gradients.run_benchmark` (LoGra vs per-example full
   gradients projected to the same dims by the Kronecker-structured ``P_out kron P_in`` and by an
   unstructured seeded Rademacher ``[P, D]`` matrix, regenerated per batch or held; LoGra's peak
@@ -36,6 +38,7 @@ import csv
 import io as _io
 import logging
 import multiprocessing as mp
+import os
 import statistics
 import tempfile
 import threading
@@ -305,9 +308,60 @@ def _method_child(job: dict[str, Any]) -> dict[str, Any]:
     return {"seconds": sec, "pairs": ctx.n_queries * ctx.n_pool, "anon_mb": mem.anon_mb}
 
 
-def _spawn(fn: Any, job: dict[str, Any]) -> dict[str, Any]:
-    with mp.get_context("spawn").Pool(1) as pool:
+def _spawn(fn: Any, job: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """``fn(job)`` in a fresh process; ``env``: that process's environment instead of this one's
+    (the child imports the package anew, so the float pin follows ``env``)."""
+    saved = dict(os.environ)
+    try:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        pool = mp.get_context("spawn").Pool(1)  # the workers start here, with os.environ
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    with pool:
         return pool.apply(fn, (job,))
+
+
+def _train_child(job: dict[str, Any]) -> dict[str, Any]:
+    from . import floats
+
+    out = train_benchmark(job["cfg"], job["threads"], steps=job["steps"], repeats=job["repeats"])
+    return {**out, "pin": floats.record()["pin"], "capability": floats.record()["cpu_capability"]}
+
+
+def pin_benchmark(
+    cfg: dict[str, Any], threads: int, steps: int, repeats: int
+) -> list[dict[str, Any]]:
+    """Training tokens/s with the float pin and without it (``PLANTBENCH_FLOAT_PIN=off``), each
+    in a fresh process, alternating arms so that drift of a shared machine hits both."""
+    from . import floats
+
+    job = {"cfg": cfg, "threads": threads, "steps": steps, "repeats": 1}
+    arms: dict[str, list[float]] = {"pinned": [], "unpinned": []}
+    tags: dict[str, str] = {}
+    for _ in range(repeats):
+        for arm, env in (("pinned", None), ("unpinned", floats.unpinned_env())):
+            res = _spawn(_train_child, job, env)
+            arms[arm].append(res["best"])
+            tags[arm] = f"pin {res['pin']}, ATen {res['capability']}"
+    best = {arm: max(v) for arm, v in arms.items()}
+    return [
+        _row(
+            "pretrain",
+            f"tokens/s without the float pin ({tags['unpinned']}), best",
+            best["unpinned"],
+            "tokens/s",
+        ),
+        _row(
+            "pretrain",
+            f"tokens/s with the float pin ({tags['pinned']}), best; ratio: vs without",
+            best["pinned"],
+            "tokens/s",
+            best["unpinned"],
+        ),
+    ]
 
 
 def _study_ready(cfg: dict[str, Any]) -> bool:
@@ -406,6 +460,8 @@ def run(
             ),
         ]
         log.info("training %.0f tokens/s, MFU %.1f%%", tr["best"], 100 * tr["cpu"] * fpt / peak_cpu)
+        rows += pin_benchmark(cfg, thr, steps=2 if quick else 4, repeats=2 if quick else 3)
+        log.info("float pin: %s", ", ".join(f"{r['value']:.0f}" for r in rows[-2:]))
 
     if "features" not in skip:
         from .bench_gradients import run_benchmark

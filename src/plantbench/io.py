@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import __version__
+from . import __version__, floats
 from .errors import ArtifactError
 from .hashing import hash_bytes, hash_file
 
@@ -166,6 +166,7 @@ def write_meta(
         "code_version": __version__,
         "code": {"plantbench": package_code_hash(), **dict(code or {})},
         "info": dict(info or {}),
+        "platform": floats.record(),
     }
     write_json(folder / META, meta)
     return meta

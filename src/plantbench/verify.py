@@ -20,10 +20,12 @@ or is hidden is not part of this run and is skipped.
 Reproducibility across machines: token data (facts, corpus, tokenizer, streams, pools) depends
 only on the config, the package versions pinned in constraints.txt and, for the ``stdlib`` corpus
 source, the Python version (its text is the standard library) — references record it and are
-skipped with a note on another Python. Float artifacts (weights, features, scores, the causal
-table) are bit-identical only on the same hardware, thread count and library versions, because
-floating-point reduction order differs between CPU kernels and GPUs; references record the
-platform and are compared only on a matching one.
+skipped with a note on another Python. Float artifacts (weights, hidden-state features, the
+causal table) depend on the float path: :mod:`plantbench.floats` pins ATen's CPU capability and
+MKL's code branch, so x86-64 CPUs give the same bytes; each artifact's ``meta.json`` records the
+path it ran on (CPU capability, BLAS branch, threads, device, versions) and a reference records
+the same for each float hash. A float hash is compared only where the two records match;
+otherwise the line is a SKIP naming what differs, never a FAIL.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import io
+from . import floats, io
 from .config import config_hash, study_hash
 from .errors import ArtifactError, PlantbenchError
 from .hashing import hash_file, hash_tree, window_hashes
@@ -619,8 +621,15 @@ def check_info(cfg: dict[str, Any], paths: Paths, metas: dict[str, dict[str, Any
 # --------------------------------------------------------------------------------------------
 
 
+FLOAT_REFERENCED = (
+    *(f"models/{m}" for m in MODELS),
+    "causal",
+    *(f"features/{m}/hidden" for m in MODELS),
+)
+
+
 def reference_hashes(metas: dict[str, dict[str, Any]]) -> dict[str, str]:
-    keep = [*PORTABLE, *(f"models/{m}" for m in MODELS), "causal"]
+    keep = [*PORTABLE, *FLOAT_REFERENCED]
     return {k: metas[k]["hash"] for k in keep if k in metas}
 
 
@@ -636,21 +645,44 @@ def find_reference(cfg: dict[str, Any], ref_dir: Path) -> tuple[Path, dict[str, 
     return None
 
 
-def _reference_skip(cfg: dict[str, Any], name: str, ref: dict[str, Any]) -> str | None:
-    """Why the reference hash of ``name`` does not apply on this machine (None: it does)."""
+def _portable_skip(cfg: dict[str, Any], name: str, ref: dict[str, Any]) -> str | None:
+    """Why the reference hash of token artifact ``name`` does not apply here (None: it does):
+    only the stdlib corpus depends on the machine (the Python version's standard library)."""
     here = platform_key()
-    portable = name in PORTABLE
-    if portable and name != "facts":  # everything made from the corpus text
-        if ref["platform"]["python"] != here["python"] and any(
-            s.get("kind") == "stdlib" for s in cfg["corpus"]["sources"]
-        ):
-            return (
-                f"stdlib corpus: reference made with Python {ref['platform']['python']}, "
-                f"this is {here['python']}"
-            )
-    if not portable and ref["platform"] != here:
-        return "float artifact; reference made on another platform"
+    if name == "facts" or ref["platform"]["python"] == here["python"]:
+        return None
+    if any(s.get("kind") == "stdlib" for s in cfg["corpus"]["sources"]):
+        return (
+            f"stdlib corpus: reference made with Python {ref['platform']['python']}, "
+            f"this is {here['python']}"
+        )
     return None
+
+
+def _float_skip(name: str, ref: dict[str, Any], meta: dict[str, Any]) -> str | None:
+    """Why the reference hash of float artifact ``name`` is not comparable with this run's
+    (None: it is): the float path the reference recorded for it differs from the one this
+    run's artifact records (CPU capability, BLAS branch, threads, device, versions)."""
+    made = (ref.get("float_platforms") or {}).get(name)
+    if made is None:
+        return "the reference records no float path for it; rewrite it (--write-reference)"
+    if "platform" not in meta:
+        return "this run's artifact records no float path (made before it was recorded); rerun it"
+    diff = floats.differences(meta["platform"], made)
+    if diff:
+        return "float artifact made on another float path: " + "; ".join(diff)
+    return None
+
+
+def _reference_skip(
+    cfg: dict[str, Any], name: str, ref: dict[str, Any], metas: dict[str, dict[str, Any]]
+) -> str | None:
+    """Why the reference hash of ``name`` does not apply to this run (None: it does)."""
+    if name not in metas:
+        return "not in this run"
+    if name in PORTABLE:
+        return _portable_skip(cfg, name, ref)
+    return _float_skip(name, ref, metas[name])
 
 
 def _compare_reference(
@@ -663,7 +695,7 @@ def _compare_reference(
     path, ref = found
     checks = []
     for name, expected in ref["hashes"].items():
-        skip = "not in this run" if name not in metas else _reference_skip(cfg, name, ref)
+        skip = _reference_skip(cfg, name, ref, metas)
         if skip is not None:
             checks.append(Check(f"reference {name}", "SKIP", skip))
             continue
@@ -711,12 +743,15 @@ def write_reference(
     cfg: dict[str, Any], paths: Paths, name: str, ref_dir: Path | None = None
 ) -> Path:
     _, metas = check_files(paths.root)
+    hashes = reference_hashes(metas)
     ref = {
         "name": name,
         "study_hash": study_hash(cfg),
         "platform": platform_key(),
         "portable": [k for k in PORTABLE],
-        "hashes": reference_hashes(metas),
+        "pinned": floats.pinned_summary(),
+        "float_platforms": {k: metas[k].get("platform", {}) for k in hashes if k not in PORTABLE},
+        "hashes": hashes,
     }
     out = (ref_dir or REFERENCE_DIR) / f"{name}.json"
     io.write_json(out, ref)
