@@ -17,6 +17,7 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/ground_truth.smk"
 include: "workflow/rules/attribution.smk"
 include: "workflow/rules/analysis.smk"
+include: "workflow/rules/replicates.smk"
 include: "workflow/rules/verify.smk"
 include: "workflow/rules/bench.smk"
 include: "workflow/rules/export.smk"
@@ -25,6 +26,5 @@ include: "workflow/rules/export.smk"
 rule all:
     default_target: True
     input:
-        f"{R}/causal/meta.json",
         f"{R}/report/report.md",
-        all_scores(),  # until the analysis rule consumes them
+        expand("{R}/{rep}analysis/meta.json", R=R, rep=REPS),  # every replicate

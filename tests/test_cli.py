@@ -67,7 +67,7 @@ def _rule_threads() -> set[str]:
     found = set()
     for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
         for block in re.split(r"^rule ", smk.read_text(), flags=re.M)[1:]:
-            shell = block.split("shell:", 1)[-1]
+            shell = block.split("shell:", 1)[-1].split("\n\n", 1)[0]  # not the comments after
             if "--threads" not in shell:
                 continue
             words = re.findall(r"[\w}]+", shell)

@@ -347,3 +347,22 @@ def test_a_refused_second_invocation_cannot_change_the_running_one(
         info["bootstrap"]
         == json.loads((smoke_run / "config.json").read_text())["analysis"]["bootstrap"]
     )
+
+
+def test_a_second_replicate_adds_its_own_jobs_and_reuses_replicate_zero(
+    smoke_run, plugin_config, tmp_path
+):
+    """replicates: 2 on a finished run: one more set of per-replicate jobs (each writing under
+    replicates/1/), the summary and the report; nothing of replicate 0 reruns."""
+    override = tmp_path / "two.yaml"
+    override.write_text("replicates: 2\n")
+    proc = snakemake(smoke_run, "-n", "-p", configfiles=(str(plugin_config), str(override)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = planned_jobs(proc.stdout)
+    assert jobs.get("pretrain") == 2 and jobs.get("stream") == 1 and jobs.get("causal") == 1
+    assert jobs.get("replicates") == 1 and jobs.get("report") == 1
+    for rule in ("facts", "corpus", "tokenizer"):
+        assert rule not in jobs, jobs
+    commands = [line for line in proc.stdout.splitlines() if " -m plantbench pretrain " in line]
+    assert len(commands) == 2 and all("--replicate 1 " in c for c in commands), commands
+    assert all("replicates/1/logs/" in c for c in commands)

@@ -26,6 +26,10 @@ def _load_cfg(args: argparse.Namespace) -> dict[str, Any]:
     cfg = config_mod.load(files)
     if len(files) == 1:
         check_job_config(Path(files[0]), cfg)
+    if getattr(args, "replicate", None) is not None:
+        from .replicates import select
+
+        cfg = select(cfg, args.replicate)
     return cfg
 
 
@@ -117,6 +121,18 @@ def cmd_analysis(args: argparse.Namespace) -> None:
     cfg = _load_cfg(args)
     meta = analysis.run(cfg, Paths(cfg))
     print(f"analysis {meta['hash']} ({len(meta['info']['methods'])} methods)")
+
+
+def cmd_replicates(args: argparse.Namespace) -> None:
+    from . import replicate_summary
+
+    cfg = _load_cfg(args)
+    meta = replicate_summary.run(cfg, Paths(cfg))
+    info = meta["info"]
+    print(
+        f"replicates {meta['hash']} ({info['replicates']} replicates, "
+        f"{info['stable_verdicts']} stable verdicts)"
+    )
 
 
 def cmd_report(args: argparse.Namespace) -> None:
@@ -271,6 +287,8 @@ EPILOG = "Run 'plantbench <step> --help' for the options of one step."
 THREADED = ("pretrain", "grads", "hidden", "embed", "score", "causal", "bench")
 # the subcommands that act on one twin
 PER_MODEL = ("pretrain", "batch", "pool", "grads", "curvature", "hidden", "embed", "score")
+# the subcommands that act on one replicate's artifacts (plantbench.replicates)
+PER_REPLICATE = (*PER_MODEL, "stream", "causal", "analysis")
 
 
 def _add_common(p: argparse.ArgumentParser, name: str) -> None:
@@ -287,6 +305,14 @@ def _add_common(p: argparse.ArgumentParser, name: str) -> None:
         )
     if name in PER_MODEL:
         p.add_argument("--model", required=True, choices=MODELS, help="which twin: A or B")
+    if name in PER_REPLICATE:
+        p.add_argument(
+            "--replicate",
+            type=int,
+            default=0,
+            metavar="R",
+            help="which replicate (0 to replicates - 1; default 0, the study as configured)",
+        )
 
 
 def _opts_config(p: argparse.ArgumentParser) -> None:
@@ -376,6 +402,10 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "score": (cmd_score, "score every query against a model's pool with one method"),
     "causal": (cmd_causal, "measure each fact's causal effect, learned flag and difficulty"),
     "analysis": (cmd_analysis, "grade every method: AP, Recall@10, within-cell correlations"),
+    "replicates": (
+        cmd_replicates,
+        "summarize the analysis over replicates: mean, range, stability",
+    ),
     "verify": (cmd_verify, "check every artifact's hashes, lineage, streams and reference hashes"),
     "report": (cmd_report, "write results/report/report.md and figures"),
     "export": (

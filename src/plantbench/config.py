@@ -532,6 +532,12 @@ def config_hash(cfg: Mapping[str, Any], keys: list[str] | None = None) -> str:
     return hash_bytes(canonical_json(sub).encode())
 
 
+# not part of the study's identity: where it is written, and how many replicates of it run
+# (replicate 0 is the same study, with the same hashes, whatever the count)
+NOT_STUDY = ("results", "replicates", "replicate")
+
+
 def study_hash(cfg: Mapping[str, Any]) -> str:
-    """Hash of everything that defines the study: the whole config except the output folder."""
-    return config_hash(cfg, sorted(k for k in cfg if k != "results"))
+    """Hash of everything that defines the study: the whole config except the output folder
+    and the replicate count (:data:`NOT_STUDY`)."""
+    return config_hash(cfg, sorted(k for k in cfg if k not in NOT_STUDY))

@@ -205,6 +205,15 @@ def read_meta(folder: str | Path, stage: str, *, verify: bool = True) -> dict[st
     return meta
 
 
+def peek_meta(folder: str | Path) -> dict[str, Any] | None:
+    """The meta.json in ``folder`` when there is a readable one (no file checks), else None."""
+    try:
+        meta = json.loads((Path(folder) / META).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
 def check_input(
     meta: Mapping[str, Any], name: str, upstream: Mapping[str, Any], where: str
 ) -> None:

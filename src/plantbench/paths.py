@@ -12,26 +12,43 @@ MODELS = ("A", "B")
 
 
 class Paths:
+    """``shared``: the results folder (config, facts, corpus, tokenizer: the same for every
+    replicate); ``root``: this replicate's folder (the results folder for replicate 0, see
+    :mod:`plantbench.replicates`), which holds everything from the streams on."""
+
     def __init__(self, cfg: dict[str, Any] | str | Path):
+        from .replicates import folder, index
+
         root = cfg["results"] if isinstance(cfg, dict) else cfg
-        self.root = Path(root)
+        self.shared = Path(root)
+        self.replicate = index(cfg) if isinstance(cfg, dict) else 0
+        self.root = folder(self.shared, self.replicate)
 
     # configuration actually used (written by the `config` step)
     @property
     def config(self) -> Path:
-        return self.root / "config.json"
+        return self.shared / "config.json"
 
     @property
     def facts(self) -> Path:
-        return self.root / "facts"
+        return self.shared / "facts"
 
     @property
     def corpus(self) -> Path:
-        return self.root / "corpus"
+        return self.shared / "corpus"
 
     @property
     def tokenizer(self) -> Path:
-        return self.root / "tokenizer"
+        return self.shared / "tokenizer"
+
+    def replicate_root(self, r: int) -> Path:
+        from .replicates import folder
+
+        return folder(self.shared, r)
+
+    @property
+    def replicate_summary(self) -> Path:
+        return self.shared / "replicates" / "summary"
 
     def stream(self, model: str) -> Path:
         return self.root / "stream" / model

@@ -3,7 +3,8 @@
 - Ordered loader: optimizer step ``s`` reads exactly manifest windows ``[s*B, (s+1)*B)``.
 - AdamW (weight decay on matrices only), linear warm-up then cosine decay to
   ``lr * min_lr_ratio``, gradient clipping, bf16 autocast on CUDA (``train.precision``).
-- Both twins start from the same initial weights (seed ``derive_seed(seed, "init")``).
+- Both twins start from the same initial weights (seed ``derive_seed(seed, "init")``; replicate
+  r >= 1 of the study adds ``"replicate", r`` to the tags, see :mod:`plantbench.replicates`).
 - Resumable state (model, optimizer, scheduler, step, loss log, every RNG state, the hashes of
   the checkpoints saved so far) is saved atomically every ``train.state_every_steps`` steps and
   when SIGTERM / SIGUSR1 arrives (Slurm sends one before a time limit or preemption; SIGURG
@@ -54,7 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import io, modelcard, tokenizer
+from . import io, modelcard, replicates, tokenizer
 from .config import canonical_json
 from .errors import EXIT_PREEMPTED, ArtifactError, Preempted
 from .hashing import hash_bytes, hash_tree
@@ -80,7 +81,7 @@ EXECUTION_KEYS = ("threads", "devices", "compile")
 
 def train_config_hash(cfg: dict[str, Any]) -> str:
     train = {k: v for k, v in cfg["train"].items() if k not in EXECUTION_KEYS}
-    sub = {"seed": cfg["seed"], "model": cfg["model"], "train": train}
+    sub = {"seed": cfg["seed"], "model": cfg["model"], "train": train, **replicates.hash_part(cfg)}
     return hash_bytes(canonical_json(sub).encode())
 
 
@@ -345,7 +346,9 @@ def _open_inputs(
 ) -> tuple[Stream, dict[str, Any]]:
     """The twin's stream and the tokenizer meta, checked against each other and train.*."""
     t = cfg["train"]
+    replicates.check_owner(paths.model(model_name), io.peek_meta(paths.model(model_name)), cfg)
     stream = open_stream(paths.stream(model_name))
+    replicates.check_owner(stream.folder, stream.meta, cfg)
     tok_meta = io.read_meta(paths.tokenizer, "tokenizer")
     io.check_input(stream.meta, "tokenizer", tok_meta, str(paths.stream(model_name)))
     info = stream.meta["info"]
@@ -375,7 +378,8 @@ def _setup(cfg: dict[str, Any], paths: Paths, model_name: str, dev: DistInfo) ->
         pad=tokenizer.PAD_ID,
         attn="sdpa",
     )
-    model = build_model(conf, derive_seed(cfg["seed"], "init")).to(dev.device)
+    seed = derive_seed(cfg["seed"], "init", *replicates.seed_tags(cfg))
+    model = build_model(conf, seed).to(dev.device)
     B, micro = int(t["batch_windows"]), int(t["micro_batch_windows"])
     if B % dev.world or (B // dev.world) % micro:
         raise ArtifactError(
@@ -646,6 +650,7 @@ def _write_outputs(run: _Run) -> dict[str, Any]:
         inputs={"stream": run.stream.meta["hash"], "tokenizer": run.tok_meta["hash"]},
         info={
             "model": run.name,
+            **replicates.hash_part(run.cfg),
             "params": sum(p.numel() for p in run.model.parameters()),
             "steps": steps,
             "tokens": steps * B * W,

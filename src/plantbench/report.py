@@ -561,6 +561,19 @@ def in_context_section(paths: Paths, causal_meta: dict[str, Any]) -> str:
     )
 
 
+def replicates_section(cfg: dict[str, Any], paths: Paths) -> tuple[str, dict[str, str]]:
+    """The section over replicates (config ``replicates`` > 1) and its input hash; nothing
+    for a single replicate."""
+    from . import replicate_summary
+    from .replicates import count
+
+    n = count(cfg)
+    if n < 2:
+        return "", {}
+    meta = io.read_meta(paths.replicate_summary, "replicates")
+    return replicate_summary.markdown(paths.replicate_summary, n), {"replicates": meta["hash"]}
+
+
 def run(cfg: dict[str, Any], paths: Paths) -> Path:
     causal_meta = io.read_meta(paths.causal, "causal")
     model_metas = {m: io.read_meta(paths.model(m), "pretrain", verify=False) for m in MODELS}
@@ -582,6 +595,7 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
             "(or `snakemake`) and then this report again.\n"
         )
 
+    over_replicates, replicate_input = replicates_section(cfg, paths)
     hashes = {
         "config (study)": study_hash(cfg),
         "facts": io.read_meta(paths.facts, "facts", verify=False)["hash"],
@@ -618,6 +632,7 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
         recipe_line(causal_meta),
         in_context_section(paths, causal_meta),
         graded,
+        *([over_replicates] if over_replicates else []),
         "## Pretraining",
         "",
         "![loss curves](loss_curves.png)",
@@ -640,6 +655,7 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
         "causal": causal_meta["hash"],
         **{f"model_{m}": model_metas[m]["hash"] for m in MODELS},
         **({"analysis": analysis_meta["hash"]} if analysis_meta is not None else {}),
+        **replicate_input,
     }
     return write_outputs(cfg, out_dir, "\n".join(lines), inputs)
 

@@ -51,6 +51,7 @@ RULE_SECTIONS: dict[str, tuple[str, ...]] = {
     "embed": ("features",),
     "score": ("scoring", "features", "curvature", "analysis.haystack?"),
     "analysis": ("analysis", "methods"),
+    "replicates": ("replicates?", "analysis", "methods"),
     "report": _ALL,
     "verify": _ALL,
     "bench": _ALL,

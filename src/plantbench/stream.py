@@ -18,6 +18,8 @@ Layout rules (see results/README.md):
   seeded order and cut into consecutive windows (both models read the same background). When
   the stream is longer than the train split, another pass follows in a new seeded order; more
   than ``stream.max_background_passes`` passes (default 4) is refused before anything is written.
+  Replicate r >= 1 of the study (:mod:`plantbench.replicates`) orders the background and the
+  held-out padding by seeds that add ``"replicate", r``; every document slot stays where it is.
 
 Memory: the train split is tokenized once, a batch at a time, into a scratch file next to the
 streams (removed afterwards) that is read through a memmap, and the windows are written
@@ -41,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from . import corpus as corpus_mod
-from . import io, tokenizer
+from . import io, replicates, tokenizer
 from .config import canonical_json
 from .errors import ArtifactError, ConfigError
 from .hashing import hash_bytes, window_hashes
@@ -65,6 +67,7 @@ def stream_config_hash(cfg: dict[str, Any]) -> str:
         "stream": cfg["stream"],
         "steps": t["steps"],
         "batch_windows": t["batch_windows"],
+        **replicates.hash_part(cfg),
     }
     return hash_bytes(canonical_json(sub).encode())
 
@@ -276,7 +279,8 @@ def ordered_tokens(cfg: dict[str, Any], docs: DocTokens, needed: int) -> Iterato
     pass, an epoch, has its own order), as a sequence of slices; the last is cut short."""
     have = 0
     for epoch in range(passes_needed(docs, needed)):
-        order = rng(cfg["seed"], "background-order", epoch).permutation(len(docs))
+        tags = ("background-order", epoch, *replicates.seed_tags(cfg))
+        order = rng(cfg["seed"], *tags).permutation(len(docs))
         for i in order.tolist():
             piece = docs.tokens[docs.offsets[i] : docs.offsets[i + 1]]
             take = min(len(piece), needed - have)
@@ -374,6 +378,8 @@ def _check_contexts_fit(
 def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
     """Build both streams into ``paths.stream('A')`` and ``paths.stream('B')``."""
     t0 = time.time()
+    for m in MODELS:  # another replicate's stream is never overwritten
+        replicates.check_owner(paths.stream(m), io.peek_meta(paths.stream(m)), cfg)
     facts_meta = io.read_meta(paths.facts, "facts")
     corpus_meta = io.read_meta(paths.corpus, "corpus")
     tok_meta = io.read_meta(paths.tokenizer, "tokenizer")
@@ -560,6 +566,7 @@ def _write_stream(
         inputs=plan.inputs,
         info={
             "model": model,
+            **replicates.hash_part(cfg),
             **plan.info,
             "counts": {k: int(counts.get(k, 0)) for k in KINDS},
         },

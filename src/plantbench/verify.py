@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -46,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import floats, io
+from . import floats, io, replicates
 from .config import config_hash, study_hash
 from .errors import ArtifactError, PlantbenchError
 from .hashing import hash_file, hash_tree, window_hashes
@@ -102,8 +103,22 @@ def _grads_step(p: list[str]) -> Step | None:
 
 
 def step_of(name: str) -> Step | None:
-    """The step that makes the artifact at ``name`` (relative to the results folder)."""
+    """The step that makes the artifact at ``name`` (relative to the results folder; under
+    ``replicates/<r>/`` the same step with ``--replicate r``)."""
     p = name.split("/")
+    if p == ["replicates", "summary"]:
+        return Step("replicates", "replicates", "", "replicates")
+    if len(p) > 2 and p[0] == "replicates" and p[1].isdigit():
+        step = _step_of(p[2:])
+        return (
+            None
+            if step is None
+            else dataclasses.replace(step, args=f" --replicate {p[1]}{step.args}")
+        )
+    return _step_of(p)
+
+
+def _step_of(p: list[str]) -> Step | None:
     if len(p) == 1 and p[0] in ("facts", "corpus", "tokenizer", "causal", "analysis", "report"):
         return Step(p[0], p[0], "", p[0])
     if len(p) == 2 and p[0] == "stream" and p[1] in MODELS:
@@ -301,16 +316,17 @@ def present_hashes(root: Path, metas: dict[str, dict[str, Any]]) -> set[str]:
     checkpoints (their index), gradient stores and curvature files. Anything unreadable is
     left out (the file and info checks report it)."""
     present = {m["hash"] for m in metas.values()}
-    for index in _glob(root, "models/*/checkpoints/index.json"):
-        with contextlib.suppress(Exception):
-            present.update(c["hash"] for c in json.loads(index.read_text()))
-    for curv in _glob(root, "features/*/curvature/*/curvature.npz"):
-        with contextlib.suppress(OSError):
-            present.add(hash_file(curv))
-    for part in ("pool", "queries"):
-        for folder in _glob(root, f"features/*/grads/*/{part}"):
+    for rep in ("", f"{replicates.FOLDER}/*/"):  # replicate 0, then every other replicate
+        for index in _glob(root, f"{rep}models/*/checkpoints/index.json"):
             with contextlib.suppress(Exception):
-                present.update(h for h in [_store_hash(folder)] if h)
+                present.update(c["hash"] for c in json.loads(index.read_text()))
+        for curv in _glob(root, f"{rep}features/*/curvature/*/curvature.npz"):
+            with contextlib.suppress(OSError):
+                present.add(hash_file(curv))
+        for part in ("pool", "queries"):
+            for folder in _glob(root, f"{rep}features/*/grads/*/{part}"):
+                with contextlib.suppress(Exception):
+                    present.update(h for h in [_store_hash(folder)] if h)
     return present
 
 
@@ -350,10 +366,10 @@ def _manifest_problem(s: Any) -> str | None:
     return None
 
 
-def _window_check(paths: Paths, m: str, streams: dict[str, Any]) -> list[Check]:
+def _window_check(paths: Paths, m: str, streams: dict[str, Any], pre: str = "") -> list[Check]:
     from .stream import open_stream
 
-    name = f"stream/{m}"
+    name = f"{pre}stream/{m}"
     s = open_stream(paths.stream(m), verify=False)
     problem = _manifest_problem(s)
     if problem is None:
@@ -367,36 +383,52 @@ def _window_check(paths: Paths, m: str, streams: dict[str, Any]) -> list[Check]:
         else:
             streams[m] = s
             return [Check(f"{name} windows", "PASS", f"{len(hashes)} windows match the manifest")]
-    return [_fail(f"{name} windows", [problem], recovery(paths, name))]
+    return [_fail(f"{name} windows", [problem], recovery(Paths(paths.shared), name))]
 
 
-def _pair_check(paths: Paths, a: Any, b: Any) -> list[Check]:
+def _pair_check(paths: Paths, a: Any, b: Any, pre: str = "") -> list[Check]:
+    label, recover = f"{pre}streams A/B", recovery(Paths(paths.shared), f"{pre}stream/A")
     if len(a.manifest) != len(b.manifest):
         problem = f"A has {len(a.manifest)} windows and B {len(b.manifest)}"
-        return [_fail("streams A/B", [problem], recovery(paths, "stream/A"))]
+        return [_fail(label, [problem], recover)]
     planted = (a.manifest["kind"] == "planted").to_numpy()
     differ = a.manifest["hash"].to_numpy() != b.manifest["hash"].to_numpy()
     same_kinds = np.array_equal(a.manifest["kind"].to_numpy(), b.manifest["kind"].to_numpy())
     if same_kinds and np.array_equal(differ, planted):
         detail = f"differ exactly at the {int(planted.sum())} planted windows"
-        return [Check("streams A/B", "PASS", detail)]
+        return [Check(label, "PASS", detail)]
     problem = "A and B differ somewhere other than the planted windows"
-    return [_fail("streams A/B", [problem], recovery(paths, "stream/A"))]
+    return [_fail(label, [problem], recover)]
 
 
-def check_streams(paths: Paths) -> list[Check]:
+def check_streams(paths: Paths, pre: str = "") -> list[Check]:
+    """Both streams of one replicate (``pre``: its folder under the results, '' for 0)."""
     checks: list[Check] = []
     streams: dict[str, Any] = {}
+    shared = Paths(paths.shared)
     for m in MODELS:
-        name = f"stream/{m}"
-        run = lambda m=m: _window_check(paths, m, streams)  # noqa: E731
-        checks += _guard(f"{name} windows", paths.stream(m), recovery(paths, name), run)
+        name = f"{pre}stream/{m}"
+        run = lambda m=m: _window_check(paths, m, streams, pre)  # noqa: E731
+        checks += _guard(f"{name} windows", paths.stream(m), recovery(shared, name), run)
+    label = f"{pre}streams A/B"
     if len(streams) == len(MODELS):
         a, b = (streams[m] for m in MODELS)
-        run = lambda: _pair_check(paths, a, b)  # noqa: E731
-        checks += _guard("streams A/B", paths.stream("A"), recovery(paths, "stream/A"), run)
+        run = lambda: _pair_check(paths, a, b, pre)  # noqa: E731
+        checks += _guard(label, paths.stream("A"), recovery(shared, f"{pre}stream/A"), run)
     else:
-        checks.append(Check("streams A/B", "SKIP", "a stream is damaged (see above)"))
+        checks.append(Check(label, "SKIP", "a stream is damaged (see above)"))
+    return checks
+
+
+def check_replicate_streams(cfg: dict[str, Any]) -> list[Check]:
+    """The streams of every replicate r >= 1 that has been built (replicate 0: check_streams)."""
+    checks: list[Check] = []
+    for r in range(1, replicates.count(cfg)):
+        paths = Paths(replicates.select(cfg, r))
+        if not paths.root.is_dir():
+            checks.append(Check(f"replicate {r}", "SKIP", f"'{paths.root}' is not built yet"))
+            continue
+        checks += check_streams(paths, replicates.wildcard(r))
     return checks
 
 
@@ -590,8 +622,20 @@ INFO_CHECKS: dict[str, Callable[[_Ctx, str, Path, dict[str, Any]], list[str]]] =
 }
 
 
+def _replicate_ctx(ctx: _Ctx, name: str) -> tuple[_Ctx, str]:
+    """The context of the replicate that ``name`` belongs to, and its name inside it."""
+    p = name.split("/")
+    if len(p) > 2 and p[0] == replicates.FOLDER and p[1].isdigit():
+        cfg = replicates.select(
+            {**ctx.cfg, "replicates": max(replicates.count(ctx.cfg), int(p[1]) + 1)}, int(p[1])
+        )
+        return _Ctx(cfg, Paths(cfg)), "/".join(p[2:])
+    return ctx, name
+
+
 def _info_check(ctx: _Ctx, name: str, meta: dict[str, Any]) -> list[Check]:
-    problems = INFO_CHECKS[meta["stage"]](ctx, name, ctx.paths.root / name, meta)
+    rctx, local = _replicate_ctx(ctx, name)
+    problems = INFO_CHECKS[meta["stage"]](rctx, local, ctx.paths.root / name, meta)
     return [_fail(f"{name} (info)", problems, recovery(ctx.paths, name))] if problems else []
 
 
@@ -734,6 +778,7 @@ def run(cfg: dict[str, Any], paths: Paths, *, ref_dir: Path | None = None) -> li
     recover = "recover: rerun `plantbench verify`; if this persists, report it as a bug"
     checks += _guard("lineage", root, recover, lambda: check_lineage(root, metas))
     checks += check_streams(paths)
+    checks += check_replicate_streams(cfg)
     checks += _guard("info", root, recover, lambda: check_info(cfg, paths, metas))
     checks += check_reference(cfg, metas, ref_dir or REFERENCE_DIR)
     return checks

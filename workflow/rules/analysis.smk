@@ -5,40 +5,40 @@
 
 rule analysis:
     input:
-        causal=f"{R}/causal/meta.json",
+        causal=f"{RR}causal/meta.json",
         scores=all_scores(),
     output:
-        meta=f"{R}/analysis/meta.json",
+        meta=f"{RR}analysis/meta.json",
         retrieval=report(
-            f"{R}/analysis/retrieval.csv",
+            f"{RR}analysis/retrieval.csv",
             caption="../report/retrieval.rst",
             category="Analysis",
             labels={"table": "retrieval"},
         ),
         correlations=report(
-            f"{R}/analysis/correlations.csv",
+            f"{RR}analysis/correlations.csv",
             caption="../report/correlations.rst",
             category="Analysis",
             labels={"table": "correlations"},
         ),
         learned=report(
-            f"{R}/analysis/learned_grid.csv",
+            f"{RR}analysis/learned_grid.csv",
             caption="../report/learned_grid.rst",
             category="Analysis",
             labels={"table": "learned grid"},
         ),
         haystack=report(
-            f"{R}/analysis/haystack.csv",
+            f"{RR}analysis/haystack.csv",
             caption="../report/haystack.rst",
             category="Analysis",
             labels={"table": "haystack"},
         ),
-        per_fact=f"{R}/analysis/per_fact.parquet",
-        per_query=f"{R}/analysis/per_query.parquet",
+        per_fact=f"{RR}analysis/per_fact.parquet",
+        per_query=f"{RR}analysis/per_query.parquet",
     log:
-        log_of("analysis"),
+        rlog_of("analysis"),
     benchmark:
-        bench_of("analysis")
+        rbench_of("analysis")
     conda:
         "../../envs/plantbench.yaml"
     threads: 1
@@ -47,7 +47,8 @@ rule analysis:
         mem_mb=4000,
         runtime=15,
     params:
+        replicate=replicate_of,
         sections=sections("analysis"),
         plantbench=PLANTBENCH,
     shell:
-        "{params.plantbench} analysis -c {resources.run_config:q} 2> {log:q}"
+        "{params.plantbench} analysis -c {resources.run_config:q} --replicate {params.replicate} 2> {log:q}"

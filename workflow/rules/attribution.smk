@@ -10,14 +10,14 @@ include: "attribution_common.smk"
 
 rule pool:
     input:
-        stream=f"{R}/stream/{{model}}/meta.json",
+        stream=f"{RR}stream/{{model}}/meta.json",
     output:
-        meta=f"{R}/pool/{{model}}/meta.json",
-        table=f"{R}/pool/{{model}}/pool.parquet",
+        meta=f"{RR}pool/{{model}}/meta.json",
+        table=f"{RR}pool/{{model}}/pool.parquet",
     log:
-        log_of("pool_{model}"),
+        rlog_of("pool_{model}"),
     benchmark:
-        bench_of("pool_{model}")
+        rbench_of("pool_{model}")
     conda:
         "../../envs/plantbench.yaml"
     threads: 1
@@ -26,23 +26,24 @@ rule pool:
         mem_mb=lambda wc, attempt: 2000 * attempt,
         runtime=lambda wc, attempt: 10 * attempt,
     params:
+        replicate=replicate_of,
         sections=sections("pool"),
         plantbench=PLANTBENCH,
     shell:
-        "{params.plantbench} pool -c {resources.run_config:q} --model {wildcards.model} 2> {log:q}"
+        "{params.plantbench} pool -c {resources.run_config:q} --replicate {params.replicate} --model {wildcards.model} 2> {log:q}"
 
 
 # GPU
 rule grads_pool:
     input:
         pool=rules.pool.output.meta,
-        model=f"{R}/models/{{model}}/meta.json",
+        model=f"{RR}models/{{model}}/meta.json",
     output:
         f"{FEAT}/{{model}}/grads/{{checkpoint}}/pool/shard_{{shard}}/shard.json",
     log:
-        log_of("grads_pool_{model}_{checkpoint}_{shard}"),
+        rlog_of("grads_pool_{model}_{checkpoint}_{shard}"),
     benchmark:
-        bench_of("grads_pool_{model}_{checkpoint}_{shard}")
+        rbench_of("grads_pool_{model}_{checkpoint}_{shard}")
     conda:
         "../../envs/plantbench.yaml"
     threads: 1
@@ -51,10 +52,11 @@ rule grads_pool:
         mem_mb=lambda wc, attempt: 3000 * attempt,
         runtime=lambda wc, attempt: 60 * attempt,
     params:
+        replicate=replicate_of,
         sections=sections("grads_pool"),
         plantbench=PLANTBENCH,
     shell:
-        "{params.plantbench} grads -c {resources.run_config:q} --model {wildcards.model} "
+        "{params.plantbench} grads -c {resources.run_config:q} --replicate {params.replicate} --model {wildcards.model} "
         "--checkpoint {wildcards.checkpoint} --shard {wildcards.shard} --threads {threads} 2> {log:q}"
 
 
@@ -62,13 +64,13 @@ rule grads_pool:
 rule grads_queries:
     input:
         facts=f"{R}/facts/meta.json",
-        model=f"{R}/models/{{model}}/meta.json",
+        model=f"{RR}models/{{model}}/meta.json",
     output:
         f"{FEAT}/{{model}}/grads/{{checkpoint}}/queries/shard.json",
     log:
-        log_of("grads_queries_{model}_{checkpoint}"),
+        rlog_of("grads_queries_{model}_{checkpoint}"),
     benchmark:
-        bench_of("grads_queries_{model}_{checkpoint}")
+        rbench_of("grads_queries_{model}_{checkpoint}")
     conda:
         "../../envs/plantbench.yaml"
     threads: 1
@@ -77,10 +79,11 @@ rule grads_queries:
         mem_mb=lambda wc, attempt: 3000 * attempt,
         runtime=lambda wc, attempt: 20 * attempt,
     params:
+        replicate=replicate_of,
         sections=sections("grads_queries"),
         plantbench=PLANTBENCH,
     shell:
-        "{params.plantbench} grads -c {resources.run_config:q} --model {wildcards.model} "
+        "{params.plantbench} grads -c {resources.run_config:q} --replicate {params.replicate} --model {wildcards.model} "
         "--checkpoint {wildcards.checkpoint} --queries --threads {threads} 2> {log:q}"
 
 
@@ -91,9 +94,9 @@ rule curvature:
         npz=f"{FEAT}/{{model}}/curvature/{{checkpoint}}/curvature.npz",
         meta=f"{FEAT}/{{model}}/curvature/{{checkpoint}}/meta.json",
     log:
-        log_of("curvature_{model}_{checkpoint}"),
+        rlog_of("curvature_{model}_{checkpoint}"),
     benchmark:
-        bench_of("curvature_{model}_{checkpoint}")
+        rbench_of("curvature_{model}_{checkpoint}")
     conda:
         "../../envs/plantbench.yaml"
     threads: 1
@@ -102,10 +105,11 @@ rule curvature:
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 20 * attempt,
     params:
+        replicate=replicate_of,
         sections=sections("curvature"),
         plantbench=PLANTBENCH,
     shell:
-        "{params.plantbench} curvature -c {resources.run_config:q} --model {wildcards.model} "
+        "{params.plantbench} curvature -c {resources.run_config:q} --replicate {params.replicate} --model {wildcards.model} "
         "--checkpoint {wildcards.checkpoint} 2> {log:q}"
 
 
@@ -115,13 +119,13 @@ rule hidden:
         pool=rules.pool.output.meta,
         facts=f"{R}/facts/meta.json",
         tokenizer=rules.tokenizer.output.meta,
-        model=f"{R}/models/{{model}}/meta.json",
+        model=f"{RR}models/{{model}}/meta.json",
     output:
         f"{FEAT}/{{model}}/hidden/meta.json",
     log:
-        log_of("hidden_{model}"),
+        rlog_of("hidden_{model}"),
     benchmark:
-        bench_of("hidden_{model}")
+        rbench_of("hidden_{model}")
     conda:
         "../../envs/plantbench.yaml"
     threads: 1
@@ -130,10 +134,11 @@ rule hidden:
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 30 * attempt,
     params:
+        replicate=replicate_of,
         sections=sections("hidden"),
         plantbench=PLANTBENCH,
     shell:
-        "{params.plantbench} hidden -c {resources.run_config:q} --model {wildcards.model} --threads {threads} 2> {log:q}"
+        "{params.plantbench} hidden -c {resources.run_config:q} --replicate {params.replicate} --model {wildcards.model} --threads {threads} 2> {log:q}"
 
 
 # GPU
@@ -145,9 +150,9 @@ rule embed:
     output:
         f"{FEAT}/{{model}}/embed/meta.json",
     log:
-        log_of("embed_{model}"),
+        rlog_of("embed_{model}"),
     benchmark:
-        bench_of("embed_{model}")
+        rbench_of("embed_{model}")
     conda:
         "../../envs/plantbench.yaml"
     threads: 1
@@ -156,25 +161,26 @@ rule embed:
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 60 * attempt,
     params:
+        replicate=replicate_of,
         sections=sections("embed"),
         plantbench=PLANTBENCH,
     shell:
-        "{params.plantbench} embed -c {resources.run_config:q} --model {wildcards.model} --threads {threads} 2> {log:q}"
+        "{params.plantbench} embed -c {resources.run_config:q} --replicate {params.replicate} --model {wildcards.model} --threads {threads} 2> {log:q}"
 
 
 rule score:
     input:
         pool=rules.pool.output.meta,
         facts=f"{R}/facts/meta.json",
-        model=f"{R}/models/{{model}}/meta.json",
+        model=f"{RR}models/{{model}}/meta.json",
         features=method_inputs,
         code=method_code,
     output:
-        f"{R}/scores/{{method}}/{{model}}/meta.json",
+        f"{RR}scores/{{method}}/{{model}}/meta.json",
     log:
-        log_of("score_{method}_{model}"),
+        rlog_of("score_{method}_{model}"),
     benchmark:
-        bench_of("score_{method}_{model}")
+        rbench_of("score_{method}_{model}")
     conda:
         "../../envs/plantbench.yaml"
     threads: 1
@@ -183,11 +189,12 @@ rule score:
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 30 * attempt,
     params:
+        replicate=replicate_of,
         sections=sections("score"),
         plantbench=PLANTBENCH,
         # the hash of the method's own code and its plug-in entry: editing a plug-in reruns
         # exactly its two score jobs, adding one reruns no other method's
         method=lambda wc: _pbrun.method_signature(config, wc.method),
     shell:
-        "{params.plantbench} score -c {resources.run_config:q} --method {wildcards.method} "
+        "{params.plantbench} score -c {resources.run_config:q} --replicate {params.replicate} --method {wildcards.method} "
         "--model {wildcards.model} --threads {threads} 2> {log:q}"

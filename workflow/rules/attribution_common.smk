@@ -4,7 +4,7 @@
 import plantbench.features as _pbfeat
 import plantbench.methods.registry as _pbmethods
 
-FEAT = f"{R}/features"
+FEAT = f"{RR}features"  # a replicate's features (RR: common.smk)
 TRACIN = _pbfeat.tracin_checkpoints(config)
 N_SHARDS = _pbfeat.n_shards(config)
 SHARDS = [f"{k:04d}" for k in range(N_SHARDS)]
@@ -19,21 +19,27 @@ wildcard_constraints:
     method="[a-z][a-z0-9_]*",
 
 
-def all_scores():
-    """Every per-method, per-model score artifact the analysis grades."""
+def all_scores(rep="{rep}"):
+    """Every per-method, per-model score artifact the analysis of replicate folder ``rep``
+    grades (by default the `rep` wildcard of the job asking)."""
     return expand(
-        "{R}/scores/{method}/{model}/meta.json", R=R, method=METHODS, model=MODELS
+        "{R}/{rep}scores/{method}/{model}/meta.json",
+        R=R,
+        rep=rep,
+        method=METHODS,
+        model=MODELS,
     )
 
 
 def pool_shards(wildcards):
-    folder = f"{FEAT}/{wildcards.model}/grads/{wildcards.checkpoint}/pool"
+    folder = f"{R}/{wildcards.rep}features/{wildcards.model}/grads/{wildcards.checkpoint}/pool"
     return [f"{folder}/shard_{k}/shard.json" for k in SHARDS]
 
 
 def method_inputs(wildcards):
-    """The feature files a method reads (its registered `needs`)."""
-    return _pbmethods.required_files(config, wildcards.method, wildcards.model)
+    """The feature files a method reads (its registered `needs`) in the job's replicate."""
+    cfg = _pbrep.select(config, _pbrep.from_wildcard(wildcards.rep))
+    return _pbmethods.required_files(cfg, wildcards.method, wildcards.model)
 
 
 def method_code(wildcards):

@@ -8,6 +8,7 @@ from snakemake.settings.types import DeploymentMethod
 
 import plantbench.config as _pbconfig
 import plantbench.errors as _pberrors
+import plantbench.replicates as _pbrep
 import plantbench.runconfig as _pbrun
 
 try:
@@ -102,6 +103,37 @@ def log_of(name):
 
 def bench_of(name):
     return f"{R}/benchmarks/{name}.tsv"
+
+
+# Replicates (plantbench.replicates): every rule from the streams on runs once per replicate.
+# The `rep` wildcard is the replicate's folder under the results folder: empty for replicate 0
+# (the study as configured), `replicates/<r>/` for the others; RR is a replicate's root. Each
+# replicate's jobs are jobs of their own (on Slurm: separate submissions).
+REPS = [_pbrep.wildcard(r) for r in range(_pbrep.count(config))]
+RR = f"{R}/{{rep}}"
+
+
+wildcard_constraints:
+    rep=_pbrep.WILDCARD,
+
+
+def rlog_of(name):
+    """A per-replicate job's log (in its replicate's logs/)."""
+    return f"{RR}logs/{name}.log"
+
+
+def rbench_of(name):
+    return f"{RR}benchmarks/{name}.tsv"
+
+
+def replicate_summary():
+    """The summary over replicates the report includes: none for a single replicate."""
+    return [f"{R}/replicates/summary/meta.json"] if len(REPS) > 1 else []
+
+
+def replicate_of(wildcards):
+    """The --replicate argument of a per-replicate job."""
+    return _pbrep.from_wildcard(wildcards.rep)
 
 
 # Data steps stream the text (src/plantbench/corpus.py, tokenizer.py, stream.py): their memory

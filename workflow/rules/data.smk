@@ -78,13 +78,13 @@ rule stream:
         corpus=rules.corpus.output.meta,
         tokenizer=rules.tokenizer.output.meta,
     output:
-        meta=expand("{R}/stream/{model}/meta.json", R=R, model=MODELS),
-        tokens=expand("{R}/stream/{model}/tokens.bin", R=R, model=MODELS),
-        manifest=expand("{R}/stream/{model}/manifest.parquet", R=R, model=MODELS),
+        meta=expand("{R}/{{rep}}stream/{model}/meta.json", R=R, model=MODELS),
+        tokens=expand("{R}/{{rep}}stream/{model}/tokens.bin", R=R, model=MODELS),
+        manifest=expand("{R}/{{rep}}stream/{model}/manifest.parquet", R=R, model=MODELS),
     log:
-        log_of("stream"),
+        rlog_of("stream"),
     benchmark:
-        bench_of("stream")
+        rbench_of("stream")
     conda:
         "../../envs/plantbench.yaml"
     threads: config["train"]["threads"]
@@ -93,7 +93,8 @@ rule stream:
         mem_mb=stream_mem_mb,
         runtime=stream_runtime,
     params:
+        replicate=replicate_of,
         sections=sections("stream"),
         plantbench=PLANTBENCH,
     shell:
-        "RAYON_NUM_THREADS={threads} {params.plantbench} stream -c {resources.run_config:q} 2> {log:q}"
+        "RAYON_NUM_THREADS={threads} {params.plantbench} stream -c {resources.run_config:q} --replicate {params.replicate} 2> {log:q}"

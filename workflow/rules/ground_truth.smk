@@ -4,15 +4,15 @@
 rule causal:
     input:
         facts=rules.facts.output.meta,
-        models=expand("{R}/models/{model}/meta.json", R=R, model=MODELS),
+        models=expand("{R}/{{rep}}models/{model}/meta.json", R=R, model=MODELS),
     output:
-        meta=f"{R}/causal/meta.json",
-        facts=f"{R}/causal/facts.parquet",
-        queries=f"{R}/causal/queries.parquet",
+        meta=f"{RR}causal/meta.json",
+        facts=f"{RR}causal/facts.parquet",
+        queries=f"{RR}causal/queries.parquet",
     log:
-        log_of("causal"),
+        rlog_of("causal"),
     benchmark:
-        bench_of("causal")
+        rbench_of("causal")
     conda:
         "../../envs/plantbench.yaml"
     threads: 2
@@ -21,17 +21,21 @@ rule causal:
         mem_mb=4000,
         runtime=30,
     params:
+        replicate=replicate_of,
         sections=sections("causal"),
         plantbench=PLANTBENCH,
     shell:
-        "{params.plantbench} causal -c {resources.run_config:q} --threads {threads} 2> {log:q}"
+        "{params.plantbench} causal -c {resources.run_config:q} --replicate {params.replicate} --threads {threads} 2> {log:q}"
 
 
+# the study's report: replicate 0's artifacts, and the summary over replicates when there are
+# several (workflow/rules/replicates.smk)
 rule report:
     input:
-        causal=rules.causal.output.meta,
+        causal=f"{R}/causal/meta.json",
         models=expand("{R}/models/{model}/meta.json", R=R, model=MODELS),
         analysis=f"{R}/analysis/meta.json",
+        replicates=replicate_summary(),
     output:
         meta=f"{R}/report/meta.json",
         report=f"{R}/report/report.md",

@@ -5,15 +5,15 @@
 
 rule pretrain:
     input:
-        stream=f"{R}/stream/{{model}}/meta.json",
+        stream=f"{RR}stream/{{model}}/meta.json",
         tokenizer=rules.tokenizer.output.meta,
     output:
-        meta=f"{R}/models/{{model}}/meta.json",
-        loss=f"{R}/models/{{model}}/loss.csv",
+        meta=f"{RR}models/{{model}}/meta.json",
+        loss=f"{RR}models/{{model}}/loss.csv",
     log:
-        log_of("pretrain_{model}"),
+        rlog_of("pretrain_{model}"),
     benchmark:
-        bench_of("pretrain_{model}")
+        rbench_of("pretrain_{model}")
     wildcard_constraints:
         model="A|B",
     # both twins first, side by side: the pretraining is the critical path of the DAG
@@ -26,8 +26,9 @@ rule pretrain:
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 60 * attempt,
     params:
+        replicate=replicate_of,
         sections=sections("pretrain"),
         # one process, or one per GPU when train.devices > 1 (see common.smk)
         launch=PLANTBENCH_PRETRAIN,
     shell:
-        "{params.launch} pretrain -c {resources.run_config:q} --model {wildcards.model} --threads {threads} 2> {log:q}"
+        "{params.launch} pretrain -c {resources.run_config:q} --replicate {params.replicate} --model {wildcards.model} --threads {threads} 2> {log:q}"
