@@ -11,7 +11,7 @@ rule export:
         streams=expand("{R}/stream/{model}/meta.json", R=R, model=MODELS),
         pools=expand("{R}/pool/{model}/meta.json", R=R, model=MODELS),
         models=expand("{R}/models/{model}/meta.json", R=R, model=MODELS),
-        scores=all_scores(),
+        scores=all_scores(""),  # replicate 0
     output:
         f"{R}/export/meta.json",
     log:
