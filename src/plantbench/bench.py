@@ -328,7 +328,8 @@ def _train_child(job: dict[str, Any]) -> dict[str, Any]:
     from . import floats
 
     out = train_benchmark(job["cfg"], job["threads"], steps=job["steps"], repeats=job["repeats"])
-    return {**out, "pin": floats.record()["pin"], "capability": floats.record()["cpu_capability"]}
+    rec = floats.record()
+    return {**out, "pin": rec["pin"], "capability": rec["cpu_capability"]}
 
 
 def pin_benchmark(

@@ -72,6 +72,15 @@ def from_wildcard(value: str) -> int:
     return int(m.group(1))
 
 
+def split_name(name: str) -> tuple[int, str]:
+    """An artifact name relative to the results folder as (replicate, name inside it):
+    ``replicates/2/models/A`` -> (2, ``models/A``); anything else is replicate 0's."""
+    p = name.split("/")
+    if len(p) > 2 and p[0] == FOLDER and p[1].isdigit():
+        return int(p[1]), "/".join(p[2:])
+    return 0, name
+
+
 def check_owner(folder: Path, meta: dict[str, Any] | None, cfg: dict[str, Any]) -> None:
     """Refuse to write replicate ``index(cfg)``'s artifact into ``folder`` when the artifact
     there was made for another replicate (nothing is overwritten)."""

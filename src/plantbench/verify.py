@@ -108,12 +108,11 @@ def step_of(name: str) -> Step | None:
     p = name.split("/")
     if p == ["replicates", "summary"]:
         return Step("replicates", "replicates", "", "replicates")
-    if len(p) > 2 and p[0] == "replicates" and p[1].isdigit():
-        step = _step_of(p[2:])
+    r, local = replicates.split_name(name)
+    if r:
+        step = _step_of(local.split("/"))
         return (
-            None
-            if step is None
-            else dataclasses.replace(step, args=f" --replicate {p[1]}{step.args}")
+            None if step is None else dataclasses.replace(step, args=f" --replicate {r}{step.args}")
         )
     return _step_of(p)
 
@@ -623,14 +622,13 @@ INFO_CHECKS: dict[str, Callable[[_Ctx, str, Path, dict[str, Any]], list[str]]] =
 
 
 def _replicate_ctx(ctx: _Ctx, name: str) -> tuple[_Ctx, str]:
-    """The context of the replicate that ``name`` belongs to, and its name inside it."""
-    p = name.split("/")
-    if len(p) > 2 and p[0] == replicates.FOLDER and p[1].isdigit():
-        cfg = replicates.select(
-            {**ctx.cfg, "replicates": max(replicates.count(ctx.cfg), int(p[1]) + 1)}, int(p[1])
-        )
-        return _Ctx(cfg, Paths(cfg)), "/".join(p[2:])
-    return ctx, name
+    """The context of the replicate that ``name`` belongs to, and its name inside it (a
+    folder on disk is checked even when the config now asks for fewer replicates)."""
+    r, local = replicates.split_name(name)
+    if r == 0:
+        return ctx, name
+    cfg = {**ctx.cfg, replicates.KEY: r}
+    return _Ctx(cfg, Paths(cfg)), local
 
 
 def _info_check(ctx: _Ctx, name: str, meta: dict[str, Any]) -> list[Check]:
