@@ -12,7 +12,7 @@ import yaml
 import yte
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU_RULES = {"pretrain", "grads_pool", "grads_queries", "hidden", "embed"}
+GPU_RULES = {"pretrain", "grads_pool", "grads_queries", "hidden", "embed", "fidelity"}
 
 
 def _rule_names() -> set[str]:

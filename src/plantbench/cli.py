@@ -210,6 +210,17 @@ def cmd_score(args: argparse.Namespace) -> None:
     print(f"scores {args.method} {args.model} {meta['hash']}")
 
 
+def cmd_fidelity(args: argparse.Namespace) -> None:
+    from . import fidelity
+
+    cfg = _load_cfg(args)
+    meta = fidelity.run(cfg, Paths(cfg), args.model, threads=args.threads)
+    for name, row in meta["info"]["summary"].items():
+        mean = "n/a" if row["mean"] is None else f"{row['mean']:.3f}"
+        print(f"fidelity {args.model} {name:<18} vs exact {row['reference']}: mean {mean}")
+    print(f"fidelity {args.model} {meta['hash']}")
+
+
 def _report_checks(checks: list[Any], out: str | None) -> None:
     """Print the PASS/FAIL table (and write it to ``out``); raise when a check failed."""
     from . import verify
@@ -284,9 +295,19 @@ EPILOG = "Run 'plantbench <step> --help' for the options of one step."
 
 # the subcommands whose work runs on CPU threads (torch or BLAS): only they take --threads,
 # and the Snakemake rules pass --threads {threads} to exactly these
-THREADED = ("pretrain", "grads", "hidden", "embed", "score", "causal", "bench")
+THREADED = ("pretrain", "grads", "hidden", "embed", "score", "fidelity", "causal", "bench")
 # the subcommands that act on one twin
-PER_MODEL = ("pretrain", "batch", "pool", "grads", "curvature", "hidden", "embed", "score")
+PER_MODEL = (
+    "pretrain",
+    "batch",
+    "pool",
+    "grads",
+    "curvature",
+    "hidden",
+    "embed",
+    "score",
+    "fidelity",
+)
 # the subcommands that act on one replicate's artifacts (plantbench.replicates)
 PER_REPLICATE = (*PER_MODEL, "stream", "causal", "analysis")
 
@@ -400,6 +421,10 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "embed": (cmd_embed, "text-encoder embeddings of pool windows and queries"),
     "methods": (cmd_methods, "list the registered attribution methods"),
     "score": (cmd_score, "score every query against a model's pool with one method"),
+    "fidelity": (
+        cmd_fidelity,
+        "grade each gradient method against exact, unprojected gradient products on a subset",
+    ),
     "causal": (cmd_causal, "measure each fact's causal effect, learned flag and difficulty"),
     "analysis": (cmd_analysis, "grade every method: AP, Recall@10, within-cell correlations"),
     "replicates": (

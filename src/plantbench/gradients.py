@@ -335,6 +335,63 @@ def _frozen_eval(model: torch.nn.Module) -> Iterator[None]:
 # --------------------------------------------------------------------------- gradients
 
 
+def _capture(
+    model: torch.nn.Module,
+    module_names: Sequence[str],
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dtype: torch.dtype,
+    maps: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]],
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One forward and one backward of the summed per-example losses; per named module its
+    input ``x`` and output gradient ``delta`` (``[n, T, .]`` in ``dtype``), each multiplied by
+    ``maps[name] = (P_in, P_out)`` transposed when given. Parameters stay frozen: gradient
+    flows from the input embeddings, so no weight gradient is ever formed. A module missing
+    from the second dict got no gradient (e.g. an empty loss mask)."""
+    mods = dict(model.named_modules())
+    xs: dict[str, torch.Tensor] = {}
+    ds: dict[str, torch.Tensor] = {}
+    handles = []
+
+    def make_hook(name: str):
+        p_in, p_out = maps.get(name, (None, None))
+
+        def grad_hook(g: torch.Tensor) -> None:
+            if name in ds:
+                raise PlantbenchError(f"module '{name}' ran twice in one forward; not supported")
+            g = g.detach().to(dtype)
+            ds[name] = g if p_out is None else g @ p_out.T
+
+        def fwd_hook(mod, inputs, output):
+            if name in xs:
+                raise PlantbenchError(f"module '{name}' ran twice in one forward; not supported")
+            x = inputs[0].detach().to(dtype)
+            xs[name] = x if p_in is None else x @ p_in.T
+            if output.requires_grad:
+                output.register_hook(grad_hook)
+
+        return fwd_hook
+
+    with _frozen_eval(model), torch.enable_grad():
+        try:
+            for name in module_names:
+                handles.append(mods[name].register_forward_hook(make_hook(name)))
+            embeds = model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
+            losses = example_losses(
+                model, input_ids, loss_mask, attention_mask, inputs_embeds=embeds
+            )
+            if losses.requires_grad:
+                torch.autograd.grad(losses.sum(), embeds)
+        finally:
+            for h in handles:
+                h.remove()
+    for name in module_names:
+        if name not in xs:
+            raise PlantbenchError(f"module '{name}' did not run in the forward pass")
+    return xs, ds
+
+
 def projected_grads(
     model: torch.nn.Module,
     projector: Projector,
@@ -352,52 +409,53 @@ def projected_grads(
     (``k_out`` major). The model is put in eval mode and its parameters frozen for the call.
     """
     _check_inputs(model, input_ids, loss_mask, attention_mask, require_eager)
-    mods = dict(model.named_modules())
     device = input_ids.device
     n = input_ids.shape[0]
-    xs: dict[str, torch.Tensor] = {}
-    ds: dict[str, torch.Tensor] = {}
-    handles = []
-
-    def make_hook(name: str):
-        p_in = projector.matrix(name, "in", dtype, device)
-        p_out = projector.matrix(name, "out", dtype, device)
-
-        def grad_hook(g: torch.Tensor) -> None:
-            if name in ds:
-                raise PlantbenchError(f"module '{name}' ran twice in one forward; not supported")
-            ds[name] = g.detach().to(dtype) @ p_out.T
-
-        def fwd_hook(mod, inputs, output):
-            if name in xs:
-                raise PlantbenchError(f"module '{name}' ran twice in one forward; not supported")
-            xs[name] = inputs[0].detach().to(dtype) @ p_in.T
-            if output.requires_grad:
-                output.register_hook(grad_hook)
-
-        return fwd_hook
-
+    maps = {
+        name: (
+            projector.matrix(name, "in", dtype, device),
+            projector.matrix(name, "out", dtype, device),
+        )
+        for name in projector.module_names
+    }
+    xs, ds = _capture(
+        model, projector.module_names, input_ids, loss_mask, attention_mask, dtype, maps
+    )
     out = torch.zeros((n, projector.dims), dtype=dtype, device=device)
-    with _frozen_eval(model), torch.enable_grad():
-        try:
-            for name in projector.module_names:
-                handles.append(mods[name].register_forward_hook(make_hook(name)))
-            embeds = model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
-            losses = example_losses(
-                model, input_ids, loss_mask, attention_mask, inputs_embeds=embeds
-            )
-            if losses.requires_grad:
-                torch.autograd.grad(losses.sum(), embeds)
-        finally:
-            for h in handles:
-                h.remove()
     for name in projector.module_names:
-        if name not in xs:
-            raise PlantbenchError(f"module '{name}' did not run in the forward pass")
-        if name not in ds:  # no gradient reached it (e.g. an empty loss mask): zero block
+        if name not in ds:  # no gradient reached it: zero block
             continue
         g = torch.einsum("ntk,ntj->nkj", ds[name], xs[name])
         out[:, projector.slices[name]] = g.reshape(n, -1)
+    return out
+
+
+def full_grads(
+    model: torch.nn.Module,
+    module_names: Sequence[str],
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
+    *,
+    require_eager: bool = True,
+) -> torch.Tensor:
+    """Every example's unprojected weight gradient of the named linears from one batched
+    backward: ``G_n = sum_t delta_{n,t} x_{n,t}^T`` per module, flattened and concatenated like
+    :func:`exact_grads_flat` (``[n, sum_m out_m in_m]``; what that function gives by one
+    autograd pass per example, up to floating-point reassociation)."""
+    _check_inputs(model, input_ids, loss_mask, attention_mask, require_eager)
+    mods = dict(model.named_modules())
+    sizes = [mods[name].weight.numel() for name in module_names]
+    xs, ds = _capture(model, module_names, input_ids, loss_mask, attention_mask, dtype, {})
+    n = input_ids.shape[0]
+    out = torch.zeros((n, sum(sizes)), dtype=dtype, device=input_ids.device)
+    start = 0
+    for name, size in zip(module_names, sizes, strict=True):
+        if name in ds:
+            g = torch.einsum("nto,nti->noi", ds[name], xs[name])
+            out[:, start : start + size] = g.reshape(n, -1)
+        start += size
     return out
 
 

@@ -90,6 +90,9 @@ class Paths:
     def scores(self, method: str, model: str) -> Path:
         return self.root / "scores" / method / model
 
+    def fidelity(self, model: str) -> Path:
+        return self.root / "fidelity" / model
+
     @property
     def causal(self) -> Path:
         return self.root / "causal"

@@ -561,6 +561,87 @@ def in_context_section(paths: Paths, causal_meta: dict[str, Any]) -> str:
     )
 
 
+def fidelity_rows(
+    summaries: dict[str, dict[str, Any]], order: list[str] | None = None
+) -> pd.DataFrame:
+    """Method x twin: mean [min, max] of the per-query Spearman with the exact product (methods
+    in ``order``, then any other in the order met)."""
+    methods = list(dict.fromkeys([*(order or []), *(m for s in summaries.values() for m in s)]))
+    rows = []
+    for name in methods:
+        refs = [s[name]["reference"] for s in summaries.values() if name in s]
+        row = {"method": method_label(name), "compared with": f"exact {refs[0]}"}
+        for model, summary in summaries.items():
+            s = summary.get(name)
+            row[f"model {model}"] = (
+                "n/a"
+                if not s or s["mean"] is None
+                else f"{s['mean']:.2f} [{s['min']:.2f}, {s['max']:.2f}]"
+            )
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def sweep_lines(paths: Paths, metas: dict[str, dict[str, Any]]) -> list[str]:
+    """The projection sweep (``fidelity.sweep``) as a table: k x k per module, D, store per
+    window, and the gradient dot product's fidelity per twin; nothing without a sweep."""
+    tables = {m: io.read_parquet(paths.fidelity(m) / "sweep.parquet") for m in metas}
+    if all(t.empty for t in tables.values()):
+        return []
+    first = next(t for t in tables.values() if not t.empty)
+    rows = []
+    for i, r in first.iterrows():
+        row = {
+            "per module": f"{int(r['k_out'])} x {int(r['k_in'])}",
+            "D": f"{int(r['dims']):,}",
+            "store per window": f"{int(r['store_bytes_per_window']) / 1024:,.0f} KiB",
+        }
+        for m, t in tables.items():
+            x = t.iloc[i]
+            row[f"model {m}"] = f"{x['mean']:.2f} [{x['min']:.2f}, {x['max']:.2f}]"
+        rows.append(row)
+    return [
+        "The gradient dot product at other projections (`fidelity.sweep`; the study's seed, "
+        "float32, the same subset): Spearman with the exact dot per query, mean [min, max].",
+        "",
+        markdown_table(pd.DataFrame(rows)),
+        "",
+    ]
+
+
+def fidelity_section(paths: Paths) -> tuple[str, dict[str, str]]:
+    """How much of the exact gradient ranking each gradient method keeps (plantbench.fidelity);
+    nothing when the fidelity step has not run (no gradient method enabled)."""
+    metas = {}
+    for m in MODELS:
+        if (paths.fidelity(m) / io.META).is_file():
+            metas[m] = io.read_meta(paths.fidelity(m), "fidelity")
+    if not metas or not any(meta["info"]["methods"] for meta in metas.values()):
+        return "", {}
+    info = next(iter(metas.values()))["info"]
+    text = [
+        "## Fidelity of the projected gradients",
+        "",
+        f"On {info['n_windows']} seeded pool windows and all {info['n_queries']} queries, the "
+        f"exact float64 products of the unprojected gradients of all "
+        f"{info['n_params']:,} block-linear weights at the final checkpoint "
+        f"({info['checkpoint']}), against each gradient method's own scores "
+        f"({info['projected_dims']:,} projected dims): Spearman per query, mean [min, max]. "
+        "The gradient dot product's row is what the projection keeps; every other method is "
+        "compared with the exact dot, so its gap to that row is what the method changes on "
+        "purpose (checkpoints, curvature), not only what the projection loses.",
+        "",
+        markdown_table(
+            fidelity_rows(
+                {m: meta["info"]["summary"] for m, meta in metas.items()}, info["methods"]
+            )
+        ),
+        "",
+        *sweep_lines(paths, metas),
+    ]
+    return "\n".join(text), {f"fidelity_{m}": meta["hash"] for m, meta in metas.items()}
+
+
 def replicates_section(cfg: dict[str, Any], paths: Paths) -> tuple[str, dict[str, str]]:
     """The section over replicates (config ``replicates`` > 1) and its input hash; nothing
     for a single replicate."""
@@ -596,6 +677,7 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
         )
 
     over_replicates, replicate_input = replicates_section(cfg, paths)
+    fidelity_text, fidelity_input = fidelity_section(paths)
     hashes = {
         "config (study)": study_hash(cfg),
         "facts": io.read_meta(paths.facts, "facts", verify=False)["hash"],
@@ -632,6 +714,7 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
         recipe_line(causal_meta),
         in_context_section(paths, causal_meta),
         graded,
+        *([fidelity_text] if fidelity_text else []),
         *([over_replicates] if over_replicates else []),
         "## Pretraining",
         "",
@@ -656,6 +739,7 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
         **{f"model_{m}": model_metas[m]["hash"] for m in MODELS},
         **({"analysis": analysis_meta["hash"]} if analysis_meta is not None else {}),
         **replicate_input,
+        **fidelity_input,
     }
     return write_outputs(cfg, out_dir, "\n".join(lines), inputs)
 

@@ -50,6 +50,7 @@ RULE_SECTIONS: dict[str, tuple[str, ...]] = {
     "hidden": ("features",),
     "embed": ("features",),
     "score": ("scoring", "features", "curvature", "analysis.haystack?"),
+    "fidelity": ("features", "curvature", "fidelity?"),  # + its gradient methods (params)
     "analysis": ("analysis", "methods"),
     "replicates": ("replicates?", "analysis", "methods"),
     "report": _ALL,

@@ -122,6 +122,8 @@ def _step_of(p: list[str]) -> Step | None:
         return Step(p[0], p[0], "", p[0])
     if len(p) == 2 and p[0] == "stream" and p[1] in MODELS:
         return Step("stream", "stream", "", "stream")
+    if len(p) == 2 and p[1] in MODELS and p[0] == "fidelity":
+        return Step("fidelity", "fidelity", f" --model {p[1]}", "fidelity")
     if len(p) == 2 and p[1] in MODELS and p[0] in ("models", "pool"):
         stage = "pretrain" if p[0] == "models" else "pool"
         return Step(stage, stage, f" --model {p[1]}", stage)

@@ -1,8 +1,8 @@
 # Pool, features (gradients per checkpoint and shard, curvature, hidden states, embeddings)
 # and per-method scoring. all_scores(), the shard and checkpoint lists and the method -> feature
 # files map (method_inputs) are in attribution_common.smk.
-# GPU: grads_pool, grads_queries, hidden and embed want a GPU on a cluster (the requests live in
-# profiles/slurm under set-resources); pool, curvature and score are CPU-only.
+# GPU: grads_pool, grads_queries, hidden, embed and fidelity want a GPU on a cluster (the
+# requests live in profiles/slurm under set-resources); pool, curvature and score are CPU-only.
 
 
 include: "attribution_common.smk"
@@ -198,3 +198,34 @@ rule score:
     shell:
         "{params.plantbench} score -c {resources.run_config:q} --replicate {params.replicate} --method {wildcards.method} "
         "--model {wildcards.model} --threads {threads} 2> {log:q}"
+
+
+# GPU
+rule fidelity:
+    input:
+        pool=rules.pool.output.meta,
+        facts=f"{R}/facts/meta.json",
+        tokenizer=rules.tokenizer.output.meta,
+        model=f"{RR}models/{{model}}/meta.json",
+        features=fidelity_inputs,
+    output:
+        f"{RR}fidelity/{{model}}/meta.json",
+    log:
+        rlog_of("fidelity_{model}"),
+    benchmark:
+        rbench_of("fidelity_{model}")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        run_config=RUN_CONFIG,
+        mem_mb=lambda wc, attempt: 6000 * attempt,
+        runtime=lambda wc, attempt: 30 * attempt,
+    params:
+        replicate=replicate_of,
+        sections=sections("fidelity"),
+        plantbench=PLANTBENCH,
+        # the gradient methods it grades (adding a method of another kind reruns nothing here)
+        methods=",".join(FIDELITY_METHODS),
+    shell:
+        "{params.plantbench} fidelity -c {resources.run_config:q} --replicate {params.replicate} --model {wildcards.model} --threads {threads} 2> {log:q}"

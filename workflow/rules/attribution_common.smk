@@ -46,3 +46,12 @@ def method_code(wildcards):
     """A plug-in's file (so editing it reruns its scores; built-ins are the package's code)."""
     path = _pbmethods.code_file(wildcards.method)
     return [str(path)] if wildcards.method in PLUGINS else []
+
+
+def fidelity_inputs(wildcards):
+    """Every feature file a gradient method reads: the fidelity step scores with each of them."""
+    cfg = _pbrep.select(config, _pbrep.from_wildcard(wildcards.rep))
+    files = []
+    for method in FIDELITY_METHODS:
+        files += _pbmethods.required_files(cfg, method, wildcards.model)
+    return sorted(set(files))

@@ -8,6 +8,7 @@ from snakemake.settings.types import DeploymentMethod
 
 import plantbench.config as _pbconfig
 import plantbench.errors as _pberrors
+import plantbench.fidelity as _pbfid
 import plantbench.replicates as _pbrep
 import plantbench.runconfig as _pbrun
 
@@ -129,6 +130,17 @@ def rbench_of(name):
 def replicate_summary():
     """The summary over replicates the report includes: none for a single replicate."""
     return [f"{R}/replicates/summary/meta.json"] if len(REPS) > 1 else []
+
+
+# the gradient methods the fidelity step grades (plantbench.fidelity); none: no fidelity step
+FIDELITY_METHODS = _pbfid.gradient_methods(config)
+
+
+def fidelity_outputs():
+    """Replicate 0's fidelity folders the report reads (none without a gradient method)."""
+    if not FIDELITY_METHODS:
+        return []
+    return expand("{R}/fidelity/{model}/meta.json", R=R, model=MODELS)
 
 
 def replicate_of(wildcards):

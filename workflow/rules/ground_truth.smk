@@ -36,6 +36,7 @@ rule report:
         models=expand("{R}/models/{model}/meta.json", R=R, model=MODELS),
         analysis=f"{R}/analysis/meta.json",
         replicates=replicate_summary(),
+        fidelity=fidelity_outputs(),
     output:
         meta=f"{R}/report/meta.json",
         report=f"{R}/report/report.md",

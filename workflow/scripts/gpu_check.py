@@ -12,6 +12,10 @@ On a CUDA machine (run from the repository root with the package installed)::
 3. Featurization: LoGra projected per-example gradients (:func:`plantbench.gradients.
    projected_grads`, eager attention, bf16 weights, 84 modules x 13 x 14 = 15,288 dims) on
    batches of ``--feat-batch`` windows: windows/s and tokens/s.
+4. Fidelity: exact float64 per-example gradients of every block linear
+   (:func:`plantbench.gradients.full_grads`, what the fidelity step computes on its subset) on
+   batches of ``--exact-batch`` windows: windows/s, so the step's time at paper size is
+   ``fidelity.windows x query chunks / windows/s``.
 
 Without CUDA it runs a tiny shape on the CPU in fp32 (a smoke test of the script itself; the
 numbers mean nothing). Prints one JSON object and writes it to ``--out`` if given.
@@ -28,8 +32,8 @@ from typing import Any
 
 import torch
 
-from plantbench.gradients import Projector, projected_grads
-from plantbench.modeling import build_model, llama_config
+from plantbench.gradients import Projector, full_grads, projected_grads
+from plantbench.modeling import block_linear_names, build_model, llama_config
 from plantbench.plan import GPU_PEAK_BF16, Shape
 from plantbench.pretrain import make_optimizer
 
@@ -147,6 +151,25 @@ def feat_speed(
     return n_batches * batch * T / (time.perf_counter() - t0)
 
 
+def exact_speed(
+    model_cfg: dict[str, Any], vocab: int, T: int, batch: int, n_batches: int, device: torch.device
+) -> float:
+    """Windows/s of exact float64 per-example gradients of all block linears."""
+    conf = llama_config(model_cfg, vocab, T, bos=0, eos=1, pad=2, attn="eager")
+    model = build_model(conf, 0).to(device).double()
+    names = block_linear_names(model)
+    ids = torch.randint(3, vocab, (batch, T), device=device)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    full_grads(model, names, ids, mask)  # warm-up
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(n_batches):
+        g = full_grads(model, names, ids, mask)
+    _sync(device)
+    assert g.shape[0] == batch and torch.isfinite(g).all()
+    return n_batches * batch / (time.perf_counter() - t0)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=50)
@@ -155,6 +178,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--accum", type=int, default=2, help="micro-batches per optimizer step")
     ap.add_argument("--feat-batch", type=int, default=16)
     ap.add_argument("--feat-batches", type=int, default=8)
+    ap.add_argument("--exact-batch", type=int, default=4)
+    ap.add_argument("--exact-batches", type=int, default=3)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -169,17 +194,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         sheet = datasheet_peak(name)
         steps, warmup, micro, accum = a.steps, a.warmup, a.micro, a.accum
         fb, fn = a.feat_batch, a.feat_batches
+        eb, en = a.exact_batch, a.exact_batches
     else:  # smoke test of the script: tiny shape, fp32, a few steps
         mcfg, vocab, T, k = TINY, 512, 64, (4, 4)
         name = "cpu (smoke test, tiny shape)"
         measured = matmul_peak(device, torch.float32, 512)
         sheet = None
         steps, warmup, micro, accum, fb, fn = 3, 1, 4, 2, 4, 2
+        eb, en = 2, 1
     compile_ = cuda and not a.no_compile
     shape = Shape(mcfg["n_layer"], mcfg["n_embd"], mcfg["intermediate"], vocab, T)
     tps = train_speed(mcfg, vocab, T, micro, accum, steps, warmup, device, compile_)
     fpt = shape.train_flops_per_token()
     feat = feat_speed(mcfg, vocab, T, fb, fn, k, device)
+    exact = exact_speed(mcfg, vocab, T, eb, en, device)
     peak = sheet or measured
     res: dict[str, Any] = {
         "device": name,
@@ -202,6 +230,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "feat_dims": 7 * mcfg["n_layer"] * k[0] * k[1],
         "feat_tokens_per_s": feat,
         "feat_windows_per_s": feat / T,
+        "exact_float64_windows_per_s": exact,
     }
     text = json.dumps(res, indent=2)
     print(text)
