@@ -170,7 +170,7 @@ def exact_products(
     names = block_linear_names(net)
     ids, attn, ans = query_batch
     n_q, n_w = ids.shape[0], windows.shape[0]
-    n_params = sum(dict(net.named_modules())[n].weight.numel() for n in names)
+    n_params = _n_params(net)
     dot = np.zeros((n_q, n_w), dtype=np.float64)
     q_norm = np.zeros(n_q, dtype=np.float64)
     w_norm = np.zeros(n_w, dtype=np.float64)
@@ -213,17 +213,13 @@ def projection_sweep(
         pw = _projected(net, proj, tokens, ones, None, dtype, batch)
         pq = _projected(net, proj, ids, ans, attn, dtype, batch)
         rho = spearman_rows(pq.double().numpy() @ pw.double().numpy().T, exact.dot)
-        ok = rho[np.isfinite(rho)]
         rows.append(
             {
                 "k_out": k,
                 "k_in": k,
                 "dims": proj.dims,
                 "store_bytes_per_window": proj.dims * dtype.itemsize,
-                "mean": float(ok.mean()) if ok.size else np.nan,
-                "median": float(np.median(ok)) if ok.size else np.nan,
-                "min": float(ok.min()) if ok.size else np.nan,
-                "max": float(ok.max()) if ok.size else np.nan,
+                **_stats(rho, missing=np.nan),
             }
         )
         seconds[str(k)] = round(time.time() - t0, 3)
@@ -265,7 +261,9 @@ def method_scores(ctx: Any, methods: Sequence[str], rows: np.ndarray) -> dict[st
 def fidelity_table(qs: pd.DataFrame, scores: dict[str, np.ndarray], exact: Exact) -> pd.DataFrame:
     """One row per (method, query): Spearman of the method's scores with its exact reference."""
     refs = {"dot": exact.dot, "cos": exact.cos}
-    parts = [pd.DataFrame(columns=TABLE_COLUMNS)]
+    if not scores:
+        return pd.DataFrame(columns=TABLE_COLUMNS)
+    parts = []
     for name, s in scores.items():
         ref = reference_of(name)
         parts.append(
@@ -280,7 +278,7 @@ def fidelity_table(qs: pd.DataFrame, scores: dict[str, np.ndarray], exact: Exact
                 }
             )
         )
-    return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+    return pd.concat(parts, ignore_index=True)
 
 
 def summarize(table: pd.DataFrame) -> dict[str, dict[str, Any]]:
@@ -288,17 +286,26 @@ def summarize(table: pd.DataFrame) -> dict[str, dict[str, Any]]:
     out = {}
     for name, g in table.groupby("method", sort=False):
         v = g["spearman"].to_numpy(np.float64)
-        ok = v[np.isfinite(v)]
         out[str(name)] = {
             "reference": str(g["reference"].iloc[0]),
-            "mean": float(ok.mean()) if ok.size else None,
-            "median": float(np.median(ok)) if ok.size else None,
-            "min": float(ok.min()) if ok.size else None,
-            "max": float(ok.max()) if ok.size else None,
+            **_stats(v, missing=None),
             "n_queries": int(v.size),
-            "n_nan": int(v.size - ok.size),
+            "n_nan": int((~np.isfinite(v)).sum()),
         }
     return out
+
+
+def _stats(v: np.ndarray, missing: float | None) -> dict[str, float | None]:
+    """Mean, median, min and max of the finite values (``missing`` when there are none)."""
+    ok = v[np.isfinite(v)]
+    if not ok.size:
+        return dict.fromkeys(("mean", "median", "min", "max"), missing)
+    return {
+        "mean": float(ok.mean()),
+        "median": float(np.median(ok)),
+        "min": float(ok.min()),
+        "max": float(ok.max()),
+    }
 
 
 def _query_batch(paths: Paths, qs: pd.DataFrame) -> tuple[torch.Tensor, ...]:
@@ -324,7 +331,8 @@ def run(
     keys = ctx.pool["window"].to_numpy(np.int64)[rows]
     windows = np.asarray(ctx.stream.windows[keys], dtype=np.int64)
     batch = _query_batch(paths, ctx.queries)
-    n_chunks = len(_query_chunks(ctx.n_queries, _n_params(net)))
+    n_params = _n_params(net)
+    n_chunks = len(_query_chunks(ctx.n_queries, n_params))
     prog = features.Progress(f"fidelity {model} exact", len(rows) * n_chunks)
     exact = exact_products(
         net, windows, batch, batch=int(cfg["features"]["batch_windows"]), progress=prog
@@ -359,7 +367,7 @@ def run(
                 "methods": methods,
                 "n_windows": int(len(rows)),
                 "n_queries": int(ctx.n_queries),
-                "n_params": _n_params(net),
+                "n_params": n_params,
                 "projected_dims": int(ctx.query_grads(ctx.final).shape[1]) if methods else 0,
                 "summary": summary,
                 "sweep": sweep_dims(cfg),
@@ -375,9 +383,3 @@ def run(
 def _n_params(net: torch.nn.Module) -> int:
     mods = dict(net.named_modules())
     return int(sum(mods[n].weight.numel() for n in block_linear_names(net)))
-
-
-def read(paths: Paths, model: str) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """A finished fidelity folder's table and meta (hashes checked)."""
-    meta = io.read_meta(paths.fidelity(model), "fidelity")
-    return io.read_parquet(paths.fidelity(model) / "fidelity.parquet"), meta

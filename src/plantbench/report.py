@@ -561,6 +561,13 @@ def in_context_section(paths: Paths, causal_meta: dict[str, Any]) -> str:
     )
 
 
+def _mean_range(s: Any) -> str:
+    """``mean [min, max]`` of a fidelity summary or sweep row; n/a without one."""
+    if s is None or s["mean"] is None:
+        return "n/a"
+    return f"{s['mean']:.2f} [{s['min']:.2f}, {s['max']:.2f}]"
+
+
 def fidelity_rows(
     summaries: dict[str, dict[str, Any]], order: list[str] | None = None
 ) -> pd.DataFrame:
@@ -572,12 +579,7 @@ def fidelity_rows(
         refs = [s[name]["reference"] for s in summaries.values() if name in s]
         row = {"method": method_label(name), "compared with": f"exact {refs[0]}"}
         for model, summary in summaries.items():
-            s = summary.get(name)
-            row[f"model {model}"] = (
-                "n/a"
-                if not s or s["mean"] is None
-                else f"{s['mean']:.2f} [{s['min']:.2f}, {s['max']:.2f}]"
-            )
+            row[f"model {model}"] = _mean_range(summary.get(name))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -597,8 +599,7 @@ def sweep_lines(paths: Paths, metas: dict[str, dict[str, Any]]) -> list[str]:
             "store per window": f"{int(r['store_bytes_per_window']) / 1024:,.0f} KiB",
         }
         for m, t in tables.items():
-            x = t.iloc[i]
-            row[f"model {m}"] = f"{x['mean']:.2f} [{x['min']:.2f}, {x['max']:.2f}]"
+            row[f"model {m}"] = _mean_range(t.iloc[i])
         rows.append(row)
     return [
         "The gradient dot product at other projections (`fidelity.sweep`; the study's seed, "
