@@ -3,6 +3,7 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.plantbench-installed
+PEERS  := $(VENV)/.plantbench-peers-installed
 SNAKEMAKE_ARGS ?=
 
 .PHONY: study test install lint format clean-results
@@ -19,7 +20,12 @@ $(STAMP): pyproject.toml constraints.txt
 study: $(STAMP)
 	$(BIN)/snakemake $(SNAKEMAKE_ARGS)
 
-test: $(STAMP)
+# the tests also compare against peer implementations (the `peers` extra: context-cite)
+$(PEERS): $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,peers]'
+	@touch $(PEERS)
+
+test: $(PEERS)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)

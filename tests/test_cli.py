@@ -70,7 +70,7 @@ def _rule_threads() -> set[str]:
             shell = block.split("shell:", 1)[-1].split("\n\n", 1)[0]  # not the comments after
             if "--threads" not in shell:
                 continue
-            words = re.findall(r"[\w}]+", shell)
+            words = re.findall(r"[\w}-]+", shell)
             found.update(w for w in words if w in cli.COMMANDS)
     return found
 

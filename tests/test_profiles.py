@@ -12,7 +12,15 @@ import yaml
 import yte
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU_RULES = {"pretrain", "grads_pool", "grads_queries", "hidden", "embed", "fidelity"}
+GPU_RULES = {
+    "pretrain",
+    "grads_pool",
+    "grads_queries",
+    "hidden",
+    "embed",
+    "fidelity",
+    "context_attribute",
+}
 
 
 def _rule_names() -> set[str]:

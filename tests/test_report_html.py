@@ -24,7 +24,14 @@ from plantbench.report import markdown_html, method_label
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 SHOT_SIZE = (1280, 900)
-FIGURES = {"loss_curves.png", "learned_rate.png", "ap_by_n_docs.png", "mass_vs_effect.png"}
+FIGURES = {
+    "loss_curves.png",
+    "learned_rate.png",
+    "ap_by_n_docs.png",
+    "mass_vs_effect.png",
+    "context_shift.png",
+    "context_ssp.png",
+}
 TABLES = {"retrieval.csv", "correlations.csv", "learned_grid.csv"}
 
 

@@ -221,6 +221,35 @@ def cmd_fidelity(args: argparse.Namespace) -> None:
     print(f"fidelity {args.model} {meta['hash']}")
 
 
+def cmd_context_build(args: argparse.Namespace) -> None:
+    from .context import contexts
+
+    cfg = _load_cfg(args)
+    meta = contexts.run(cfg, Paths(cfg))
+    info = meta["info"]
+    print(f"context-build {meta['hash']} ({info['queries']} queries, {info['segments']} segments)")
+
+
+def cmd_context_attribute(args: argparse.Namespace) -> None:
+    from .context import attribute
+
+    cfg = _load_cfg(args)
+    meta = attribute.run(cfg, Paths(cfg), args.model, threads=args.threads or 1)
+    info = meta["info"]
+    print(
+        f"context-attribute {args.model} {meta['hash']} ({info['forward_passes']} forward passes, "
+        f"{info['passes_per_s']:.1f}/s)"
+    )
+
+
+def cmd_context_analysis(args: argparse.Namespace) -> None:
+    from .context import analysis
+
+    cfg = _load_cfg(args)
+    meta = analysis.run(cfg, Paths(cfg))
+    print(f"context-analysis {meta['hash']} ({meta['info']['facts']} facts)")
+
+
 def _report_checks(checks: list[Any], out: str | None) -> None:
     """Print the PASS/FAIL table (and write it to ``out``); raise when a check failed."""
     from . import verify
@@ -295,7 +324,17 @@ EPILOG = "Run 'plantbench <step> --help' for the options of one step."
 
 # the subcommands whose work runs on CPU threads (torch or BLAS): only they take --threads,
 # and the Snakemake rules pass --threads {threads} to exactly these
-THREADED = ("pretrain", "grads", "hidden", "embed", "score", "fidelity", "causal", "bench")
+THREADED = (
+    "pretrain",
+    "grads",
+    "hidden",
+    "embed",
+    "score",
+    "fidelity",
+    "causal",
+    "bench",
+    "context-attribute",
+)
 # the subcommands that act on one twin
 PER_MODEL = (
     "pretrain",
@@ -307,6 +346,7 @@ PER_MODEL = (
     "embed",
     "score",
     "fidelity",
+    "context-attribute",
 )
 # the subcommands that act on one replicate's artifacts (plantbench.replicates)
 PER_REPLICATE = (*PER_MODEL, "stream", "causal", "analysis")
@@ -426,6 +466,18 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
         "grade each gradient method against exact, unprojected gradient products on a subset",
     ),
     "causal": (cmd_causal, "measure each fact's causal effect, learned flag and difficulty"),
+    "context-build": (
+        cmd_context_build,
+        "context suite: k-segment contexts with each segment's provenance under each twin",
+    ),
+    "context-attribute": (
+        cmd_context_attribute,
+        "context suite: every context-attribution method on every context under one twin",
+    ),
+    "context-analysis": (
+        cmd_context_analysis,
+        "context suite: BCS, CAC, APS, SSP, Drop@k and LDS with intervals over facts",
+    ),
     "analysis": (cmd_analysis, "grade every method: AP, Recall@10, within-cell correlations"),
     "replicates": (
         cmd_replicates,

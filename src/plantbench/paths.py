@@ -93,6 +93,10 @@ class Paths:
     def fidelity(self, model: str) -> Path:
         return self.root / "fidelity" / model
 
+    def context(self, part: str) -> Path:
+        """The context suite: ``contexts``, one folder per twin, ``analysis``."""
+        return self.root / "context" / part
+
     @property
     def causal(self) -> Path:
         return self.root / "causal"

@@ -679,6 +679,9 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
 
     over_replicates, replicate_input = replicates_section(cfg, paths)
     fidelity_text, fidelity_input = fidelity_section(paths)
+    from .context import report as context_report
+
+    context_text, context_input, context_figures = context_report.section(paths, out_dir)
     hashes = {
         "config (study)": study_hash(cfg),
         "facts": io.read_meta(paths.facts, "facts", verify=False)["hash"],
@@ -716,6 +719,7 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
         in_context_section(paths, causal_meta),
         graded,
         *([fidelity_text] if fidelity_text else []),
+        *([context_text] if context_text else []),
         *([over_replicates] if over_replicates else []),
         "## Pretraining",
         "",
@@ -741,16 +745,27 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
         **({"analysis": analysis_meta["hash"]} if analysis_meta is not None else {}),
         **replicate_input,
         **fidelity_input,
+        **context_input,
     }
-    return write_outputs(cfg, out_dir, "\n".join(lines), inputs)
+    return write_outputs(cfg, out_dir, "\n".join(lines), inputs, context_figures)
 
 
-def write_outputs(cfg: dict[str, Any], out_dir: Path, md: str, inputs: dict[str, str]) -> Path:
+def write_outputs(
+    cfg: dict[str, Any],
+    out_dir: Path,
+    md: str,
+    inputs: dict[str, str],
+    extra_figures: list[str] | None = None,
+) -> Path:
     """report.md, its HTML rendering and the folder's meta.json (the figures are written)."""
     path = out_dir / "report.md"
     io.write_text(path, md)
     io.write_text(out_dir / HTML_NAME, markdown_html(md, out_dir))
-    figures = ["loss_curves.png", *(FIGURES if "analysis" in inputs else ())]
+    figures = [
+        "loss_curves.png",
+        *(FIGURES if "analysis" in inputs else ()),
+        *(extra_figures or []),
+    ]
     io.write_meta(
         out_dir,
         "report",

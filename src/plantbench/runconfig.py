@@ -52,6 +52,9 @@ RULE_SECTIONS: dict[str, tuple[str, ...]] = {
     "score": ("scoring", "features", "curvature", "analysis.haystack?"),
     "fidelity": ("features", "curvature", "fidelity?"),  # + its gradient methods (params)
     "analysis": ("analysis", "methods"),
+    "context_build": ("seed", "context?", "causal.context_segments?"),
+    "context_attribute": ("seed", "context?", "causal.context_segments?"),
+    "context_analysis": ("seed", "context?", "causal.context_segments?"),
     "replicates": ("replicates?", "analysis", "methods"),
     "report": _ALL,
     "verify": _ALL,

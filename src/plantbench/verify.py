@@ -117,11 +117,25 @@ def step_of(name: str) -> Step | None:
     return _step_of(p)
 
 
+def _context_step(part: str) -> Step | None:
+    if part in MODELS:
+        return Step(
+            "context_attribute", "context-attribute", f" --model {part}", "context_attribute"
+        )
+    if part == "contexts":
+        return Step("context_contexts", "context-build", "", "context_build")
+    if part == "analysis":
+        return Step("context_analysis", "context-analysis", "", "context_analysis")
+    return None
+
+
 def _step_of(p: list[str]) -> Step | None:
     if len(p) == 1 and p[0] in ("facts", "corpus", "tokenizer", "causal", "analysis", "report"):
         return Step(p[0], p[0], "", p[0])
     if len(p) == 2 and p[0] == "stream" and p[1] in MODELS:
         return Step("stream", "stream", "", "stream")
+    if len(p) == 2 and p[0] == "context":
+        return _context_step(p[1])
     if len(p) == 2 and p[1] in MODELS and p[0] == "fidelity":
         return Step("fidelity", "fidelity", f" --model {p[1]}", "fidelity")
     if len(p) == 2 and p[1] in MODELS and p[0] in ("models", "pool"):

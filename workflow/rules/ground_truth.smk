@@ -37,6 +37,7 @@ rule report:
         analysis=f"{R}/analysis/meta.json",
         replicates=replicate_summary(),
         fidelity=fidelity_outputs(),
+        context=f"{R}/context/analysis/meta.json",
     output:
         meta=f"{R}/report/meta.json",
         report=f"{R}/report/report.md",
@@ -64,6 +65,16 @@ rule report:
             f"{R}/report/mass_vs_effect.png",
             caption="../report/mass_vs_effect.rst",
             category="Analysis",
+        ),
+        context_shift=report(
+            f"{R}/report/context_shift.png",
+            caption="../report/context_shift.rst",
+            category="Context suite",
+        ),
+        context_ssp=report(
+            f"{R}/report/context_ssp.png",
+            caption="../report/context_ssp.rst",
+            category="Context suite",
         ),
     log:
         log_of("report"),

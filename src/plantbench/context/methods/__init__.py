@@ -1,0 +1,1 @@
+"""Context attribution methods: one module each, registered in :mod:`.registry`."""

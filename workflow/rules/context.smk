@@ -1,0 +1,94 @@
+# The context-attribution suite (seed 000; plantbench.context): contexts with each segment's
+# provenance, every context method under each twin (one job per twin), and the seed's metrics.
+# Replicate 0 only (the study as configured).
+
+
+rule context_build:
+    input:
+        facts=f"{R}/facts/meta.json",
+        causal=f"{R}/causal/meta.json",
+        tokenizer=f"{R}/tokenizer/meta.json",
+    output:
+        f"{R}/context/contexts/meta.json",
+    log:
+        log_of("context_build"),
+    benchmark:
+        bench_of("context_build")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        run_config=RUN_CONFIG,
+        mem_mb=2000,
+        runtime=10,
+    params:
+        sections=sections("context_build"),
+        plantbench=PLANTBENCH,
+    shell:
+        "{params.plantbench} context-build -c {resources.run_config:q} 2> {log:q}"
+
+
+# GPU: a forward-only job (2^k ablations x candidates per context); on a cluster it wants a GPU
+rule context_attribute:
+    input:
+        contexts=f"{R}/context/contexts/meta.json",
+        model=f"{R}/models/{{model}}/meta.json",
+    output:
+        f"{R}/context/{{model}}/meta.json",
+    log:
+        log_of("context_attribute_{model}"),
+    benchmark:
+        bench_of("context_attribute_{model}")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        run_config=RUN_CONFIG,
+        mem_mb=lambda wc, attempt: 4000 * attempt,
+        runtime=lambda wc, attempt: 30 * attempt,
+    params:
+        sections=sections("context_attribute"),
+        plantbench=PLANTBENCH,
+    shell:
+        "{params.plantbench} context-attribute -c {resources.run_config:q} --model {wildcards.model} --threads {threads} 2> {log:q}"
+
+
+rule context_analysis:
+    input:
+        expand("{R}/context/{model}/meta.json", R=R, model=MODELS),
+    output:
+        meta=f"{R}/context/analysis/meta.json",
+        table1=report(
+            f"{R}/context/analysis/table1.csv",
+            caption="../report/context_table1.rst",
+            category="Context suite",
+            labels={"table": "context table 1"},
+        ),
+        table2=report(
+            f"{R}/context/analysis/table2.csv",
+            caption="../report/context_table2.rst",
+            category="Context suite",
+            labels={"table": "context table 2"},
+        ),
+        ssp=report(
+            f"{R}/context/analysis/ssp.csv",
+            caption="../report/context_ssp_table.rst",
+            category="Context suite",
+            labels={"table": "context SSP"},
+        ),
+    log:
+        log_of("context_analysis"),
+    benchmark:
+        bench_of("context_analysis")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        run_config=RUN_CONFIG,
+        mem_mb=2000,
+        runtime=10,
+    params:
+        sections=sections("context_analysis"),
+        plantbench=PLANTBENCH,
+    shell:
+        "{params.plantbench} context-analysis -c {resources.run_config:q} 2> {log:q}"
