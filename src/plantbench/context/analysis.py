@@ -15,6 +15,7 @@ role), ``shift.csv`` and ``shift.png`` (the score shift between the twins, the s
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -80,62 +81,92 @@ def score_matrix(scores: pd.DataFrame, method: str, query_ids: pd.Series, k: int
     return mat.loc[query_ids].to_numpy(dtype=np.float64).reshape(len(query_ids), k)
 
 
-def per_query(data: dict[str, Any], st: Settings) -> pd.DataFrame:
-    """One row per query: everything the statistics sum over facts."""
+@dataclass
+class _Frames:
+    """Both twins' tables aligned on the query order, by role."""
+
+    q: pd.DataFrame  # the contexts' query table, in query-id order
+    queries: dict[str, pd.DataFrame]  # per role, indexed by query id in that order
+    conditions: dict[str, pd.DataFrame]
+    lds: dict[str, pd.DataFrame]
+    scores: dict[str, pd.DataFrame]
+    reader_icl: np.ndarray  # [queries, k]: True where the segment is ICL for the reader
+
+
+def _frames(data: dict[str, Any]) -> _Frames:
     q = data["queries"].sort_values("query_id").reset_index(drop=True)
     ids = q["query_id"]
-    base = q[["query_id", "fact_id", "learned", "n_docs", "position", "cell"]]
-    out: dict[str, Any] = {}
-    qt = {r: f.set_index("query_id").loc[ids] for r, f in role_frames(data, "queries").items()}
-    cond = role_frames(data, "conditions")
-    lds = role_frames(data, "lds")
-    scores = role_frames(data, "scores")
-    for r in ROLES:
-        for reading, col in READINGS.items():
-            out[f"none{reading}|{r}"] = qt[r][f"none_{col}"].to_numpy(dtype=float)
-            out[f"full{reading}|{r}"] = qt[r][f"full_{col}"].to_numpy(dtype=float)
     seg = data["segments"].sort_values(["query_id", "segment"])
     label_of = {
         m: seg.pivot(index="query_id", columns="segment", values=f"label_{m}") for m in MODELS
     }
-    reader_labels = (
-        np.stack([label_of[m].loc[qid].to_numpy() for qid, m in zip(ids, q["reader"], strict=True)])
-        == "icl"
+    reader = [label_of[m].loc[qid].to_numpy() for qid, m in zip(ids, q["reader"], strict=True)]
+    return _Frames(
+        q=q,
+        queries={
+            r: f.set_index("query_id").loc[ids] for r, f in role_frames(data, "queries").items()
+        },
+        conditions=role_frames(data, "conditions"),
+        lds=role_frames(data, "lds"),
+        scores=role_frames(data, "scores"),
+        reader_icl=np.stack(reader) == "icl",
     )
-    k = st.segments
-    for name in st.methods:
-        method = registry.get(name)
-        mat = {r: score_matrix(scores[r], name, ids, k) for r in ROLES}
-        c = {r: cond[r][cond[r]["method"] == name].set_index(["query_id", "k"]) for r in ROLES}
-        for kk in condition_ks(st):
-            b = c["base"].xs(kk, level="k").loc[ids]
-            for reading, col in READINGS.items():
-                out[f"{name}|top{kk}{reading}"] = b[f"topk_only_{col}"].to_numpy(dtype=float)
-                out[f"{name}|rm{kk}{reading}"] = b[f"rm_topk_{col}"].to_numpy(dtype=float)
-            for r in ROLES:
-                t = c[r].xs(kk, level="k").loc[ids]
-                out[f"{name}|drop{kk}|{r}"] = (
-                    qt[r]["full_logp"].to_numpy() - t["rm_topk_logp"].to_numpy()
-                )
-        for rho in st.rbo:
-            out[f"{name}|cac{rho}"] = [
-                metrics.rbo(metrics.ranking(a), metrics.ranking(b), rho)
-                for a, b in zip(mat["base"], mat["reader"], strict=True)
-            ]
-        pred = np.stack(
-            [
-                metrics.source_labels(s, method.interface, p)
-                for s, p in zip(mat["reader"], qt["reader"]["p_empty"], strict=True)
-            ]
-        )
-        hits = (pred == reader_labels).sum(axis=1).astype(float)
-        out[f"{name}|ssp_hit"] = np.where(q["learned"], hits, 0.0)
+
+
+def _condition_columns(fr: _Frames, st: Settings, name: str, out: dict[str, Any]) -> None:
+    """Top-k-only / rm-top-k accuracy on the base twin (both readings) and Drop@k per role."""
+    ids = fr.q["query_id"]
+    c = {r: t[t["method"] == name].set_index(["query_id", "k"]) for r, t in fr.conditions.items()}
+    for kk in condition_ks(st):
+        b = c["base"].xs(kk, level="k").loc[ids]
+        for reading, col in READINGS.items():
+            out[f"{name}|top{kk}{reading}"] = b[f"topk_only_{col}"].to_numpy(dtype=float)
+            out[f"{name}|rm{kk}{reading}"] = b[f"rm_topk_{col}"].to_numpy(dtype=float)
         for r in ROLES:
-            v = lds[r][lds[r]["method"] == name].set_index("query_id").loc[ids, "lds"].to_numpy()
-            out[f"{name}|lds|{r}"] = np.nan_to_num(v)
-            out[f"{name}|lds_n|{r}"] = np.isfinite(v).astype(float)
-    out["ssp_n"] = np.where(q["learned"], k, 0).astype(float)
+            rm = c[r].xs(kk, level="k").loc[ids, "rm_topk_logp"].to_numpy()
+            out[f"{name}|drop{kk}|{r}"] = fr.queries[r]["full_logp"].to_numpy() - rm
+
+
+def _ranking_columns(fr: _Frames, st: Settings, name: str, out: dict[str, Any]) -> None:
+    """CAC per persistence, SSP hits of the reader on learned facts, LDS per role."""
+    ids = fr.q["query_id"]
+    mat = {r: score_matrix(fr.scores[r], name, ids, st.segments) for r in ROLES}
+    for rho in st.rbo:
+        out[f"{name}|cac{rho}"] = [
+            metrics.rbo(metrics.ranking(a), metrics.ranking(b), rho)
+            for a, b in zip(mat["base"], mat["reader"], strict=True)
+        ]
+    interface = registry.get(name).interface
+    p_empty = fr.queries["reader"]["p_empty"]
+    pred = np.stack(
+        [
+            metrics.source_labels(s, interface, p)
+            for s, p in zip(mat["reader"], p_empty, strict=True)
+        ]
+    )
+    hits = (pred == fr.reader_icl).sum(axis=1).astype(float)
+    out[f"{name}|ssp_hit"] = np.where(fr.q["learned"], hits, 0.0)
+    for r in ROLES:
+        t = fr.lds[r]
+        v = t[t["method"] == name].set_index("query_id").loc[ids, "lds"].to_numpy()
+        out[f"{name}|lds|{r}"] = np.nan_to_num(v)
+        out[f"{name}|lds_n|{r}"] = np.isfinite(v).astype(float)
+
+
+def per_query(data: dict[str, Any], st: Settings) -> pd.DataFrame:
+    """One row per query: everything the statistics sum over facts."""
+    fr = _frames(data)
+    out: dict[str, Any] = {}
+    for r in ROLES:
+        for reading, col in READINGS.items():
+            out[f"none{reading}|{r}"] = fr.queries[r][f"none_{col}"].to_numpy(dtype=float)
+            out[f"full{reading}|{r}"] = fr.queries[r][f"full_{col}"].to_numpy(dtype=float)
+    for name in st.methods:
+        _condition_columns(fr, st, name, out)
+        _ranking_columns(fr, st, name, out)
+    out["ssp_n"] = np.where(fr.q["learned"], st.segments, 0).astype(float)
     out["n"] = 1.0
+    base = fr.q[["query_id", "fact_id", "learned", "n_docs", "position", "cell"]]
     return pd.concat([base, pd.DataFrame(out)], axis=1)
 
 
