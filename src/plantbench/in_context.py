@@ -108,15 +108,20 @@ def config_prompts(
     return prompts(ctx, qs)
 
 
-def check_fits(tok: Any, prompts: pd.DataFrame, candidates: pd.DataFrame, window: int) -> None:
-    """Refuse, before anything is written, contexts longer than the twins' window."""
+def longest_sequence(tok: Any, prompts: list[str], candidates: pd.DataFrame) -> int:
+    """Tokens of ``<bos>``, the longest prompt and the longest candidate: the window it needs."""
     from . import tokenizer
 
-    p_len = [len(x) for x in tokenizer.encode_batch(tok, prompts["prompt"].tolist())]
-    c_len = [
+    p_len = max(len(x) for x in tokenizer.encode_batch(tok, prompts))
+    c_len = max(
         len(x) for x in tokenizer.encode_batch(tok, [f" {c}" for c in candidates["candidate"]])
-    ]
-    n = 1 + max(p_len) + max(c_len)
+    )
+    return 1 + p_len + c_len
+
+
+def check_fits(tok: Any, prompts: pd.DataFrame, candidates: pd.DataFrame, window: int) -> None:
+    """Refuse, before anything is written, contexts longer than the twins' window."""
+    n = longest_sequence(tok, prompts["prompt"].tolist(), candidates)
     if n > window:
         raise ConfigError(
             f"config key 'causal.context_segments': a context of that many segments takes up to "

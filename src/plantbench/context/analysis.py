@@ -309,12 +309,18 @@ def accuracy(long: pd.DataFrame) -> pd.DataFrame:
     return a[["role", "condition", "reading", "value", "lo", "hi"]].reset_index(drop=True)
 
 
-def shift(data: dict[str, Any], st: Settings) -> pd.DataFrame:
-    """Per method and role: the distribution of segment scores (all, and the fact's own)."""
+def own_scores(data: dict[str, Any]) -> dict[str, pd.DataFrame]:
+    """Per role, every segment score with whether the segment is the query's own fact's."""
     rel = data["segments"][["query_id", "segment", "relevant"]]
+    return {
+        r: s.merge(rel, on=["query_id", "segment"]) for r, s in role_frames(data, "scores").items()
+    }
+
+
+def shift(scored: dict[str, pd.DataFrame], st: Settings) -> pd.DataFrame:
+    """Per method and role: the distribution of segment scores (all, and the fact's own)."""
     rows = []
-    for r, s in role_frames(data, "scores").items():
-        s = s.merge(rel, on=["query_id", "segment"])
+    for r, s in scored.items():
         for name in st.methods:
             for kind, sub in (("all", s), ("own", s[s["relevant"]])):
                 v = sub.loc[sub["method"] == name, "score"].to_numpy(dtype=np.float64)
@@ -327,36 +333,26 @@ def shift(data: dict[str, Any], st: Settings) -> pd.DataFrame:
     )
 
 
-def shift_figure(data: dict[str, Any], st: Settings, out: Any) -> None:
-    import matplotlib
+def shift_figure(scored: dict[str, pd.DataFrame], st: Settings, out: Any) -> None:
+    """The own segment's score under each role, per method (the seed's Figure 3)."""
+    from ..report import _save, plt
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    frames = role_frames(data, "scores")
-    rel = data["segments"][["query_id", "segment", "relevant"]]
     fig, axes = plt.subplots(1, len(st.methods), figsize=(3 * len(st.methods), 3), squeeze=False)
     for ax, name in zip(axes[0], st.methods, strict=True):
-        vals = []
-        for r in ROLES:
-            s = frames[r].merge(rel, on=["query_id", "segment"])
-            vals.append(s.loc[(s["method"] == name) & s["relevant"], "score"].to_numpy())
-        ax.boxplot(vals, tick_labels=["base", "reader"], showfliers=False)
+        vals = [
+            s.loc[(s["method"] == name) & s["relevant"], "score"].to_numpy()
+            for s in (scored[r] for r in ROLES)
+        ]
+        ax.boxplot(vals, tick_labels=list(ROLES), showfliers=False)
         ax.set_title(name, fontsize=9)
         ax.axhline(0, color="grey", lw=0.5)
     axes[0][0].set_ylabel("score of the fact's own segment")
-    fig.tight_layout()
-    with io.atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
-    plt.close(fig)
+    _save(fig, out)
 
 
 def ssp_figure(ssp: pd.DataFrame, out: Any) -> None:
     """SSP per method with its interval and chance (the seed's Figure 2)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..report import _save, plt
 
     fig, ax = plt.subplots(figsize=(1.2 * len(ssp) + 1.5, 3))
     x = np.arange(len(ssp))
@@ -367,10 +363,7 @@ def ssp_figure(ssp: pd.DataFrame, out: Any) -> None:
     ax.set_ylim(0, 1)
     ax.set_ylabel("SSP (reader, learned facts)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    with io.atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
-    plt.close(fig)
+    _save(fig, out)
 
 
 def _write_csv(path: Any, df: pd.DataFrame) -> None:
@@ -382,21 +375,23 @@ def run(cfg: dict[str, Any], paths: Paths) -> dict[str, Any]:
     data = _read(paths)
     f = per_fact(per_query(data, st))
     long = long_table(f, st)
+    scored = own_scores(data)
+    ssp = ssp_table(long, f)
     tables: dict[str, Callable[[], pd.DataFrame]] = {
         "table1.csv": lambda: table1(long, st),
         "table2.csv": lambda: table2(long, st),
-        "ssp.csv": lambda: ssp_table(long, f),
+        "ssp.csv": lambda: ssp,
         "metrics.csv": lambda: long,
         "by_cell.csv": lambda: by_cell(f, st),
         "accuracy.csv": lambda: accuracy(long),
-        "shift.csv": lambda: shift(data, st),
+        "shift.csv": lambda: shift(scored, st),
     }
     out = paths.context("analysis")
     with io.atomic_dir(out) as tmp:
         for name, make in tables.items():
             _write_csv(tmp / name, make())
-        shift_figure(data, st, tmp / "shift.png")
-        ssp_figure(ssp_table(long, f), tmp / "ssp.png")
+        shift_figure(scored, st, tmp / "shift.png")
+        ssp_figure(ssp, tmp / "ssp.png")
         return io.write_meta(
             tmp,
             "context_analysis",

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import tokenizer
+from .. import in_context, tokenizer
 from ..errors import ConfigError
 from ..paths import MODELS
 from ..rng import rng
@@ -136,11 +136,7 @@ def check_fits(
         prompt_of(texts[q], [True] * len(texts[q]), p)
         for q, p in zip(qdf["query_id"], qdf["prompt"], strict=True)
     ]
-    p_len = max(len(x) for x in tokenizer.encode_batch(tok, full))
-    c_len = max(
-        len(x) for x in tokenizer.encode_batch(tok, [f" {c}" for c in candidates["candidate"]])
-    )
-    n = 1 + p_len + c_len
+    n = in_context.longest_sequence(tok, full, candidates)
     if n > window:
         raise ConfigError(
             f"config key 'context.segments': a context of {int(qdf['segments'].iloc[0])} segments "

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -20,14 +19,10 @@ SEED_TABLE1 = (
 )
 
 
-def _fmt(x: Any) -> str:
-    return "n/a" if pd.isna(x) else f"{x:.2f}"
-
-
 def _table(df: pd.DataFrame) -> str:
-    from ..report import markdown_table
+    from ..report import _num, markdown_table
 
-    return markdown_table(df.map(lambda v: v if isinstance(v, str) else _fmt(float(v))))
+    return markdown_table(df.map(lambda v: v if isinstance(v, str) else _num(v, "{:.2f}")))
 
 
 def section(paths: Paths, out_dir: Path) -> tuple[str, dict[str, str], list[str]]:

@@ -85,6 +85,4 @@ def settings_hash(st: Settings) -> str:
 
     from ..config import config_hash
 
-    return config_hash(
-        {"context": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(st).items()}}
-    )
+    return config_hash({"context": asdict(st)})  # canonical JSON writes tuples as lists
