@@ -20,6 +20,7 @@ GPU_RULES = {
     "embed",
     "fidelity",
     "context_attribute",
+    "grounding_respond",
 }
 
 

@@ -31,6 +31,8 @@ FIGURES = {
     "mass_vs_effect.png",
     "context_shift.png",
     "context_ssp.png",
+    "grounding_ck.png",
+    "grounding_cr.png",
 }
 TABLES = {"retrieval.csv", "correlations.csv", "learned_grid.csv"}
 

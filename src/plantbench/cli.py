@@ -322,6 +322,40 @@ DESCRIPTION = (
 )
 EPILOG = "Run 'plantbench <step> --help' for the options of one step."
 
+
+def cmd_grounding_build(args: argparse.Namespace) -> None:
+    from .grounding import contexts
+
+    cfg = _load_cfg(args)
+    meta = contexts.run(cfg, Paths(cfg))
+    info = meta["info"]
+    print(
+        f"grounding-build {meta['hash']} ({info['contexts']} contexts: {info['facts']} facts x "
+        f"{len(info['conditions'])} conditions, {info['segments']} segments)"
+    )
+
+
+def cmd_grounding_respond(args: argparse.Namespace) -> None:
+    from .grounding import respond
+
+    cfg = _load_cfg(args)
+    meta = respond.run(cfg, Paths(cfg), args.model, threads=args.threads or 1)
+    info = meta["info"]
+    print(
+        f"grounding-respond {args.model} {meta['hash']} ({info['contexts']} responses, "
+        f"{info['atoms']} atomic sentences, {info['empty_responses']} empty; {info['checker']} "
+        "checker)"
+    )
+
+
+def cmd_grounding_analysis(args: argparse.Namespace) -> None:
+    from .grounding import analysis
+
+    cfg = _load_cfg(args)
+    meta = analysis.run(cfg, Paths(cfg))
+    print(f"grounding-analysis {meta['hash']} ({meta['info']['responses']} responses)")
+
+
 # the subcommands whose work runs on CPU threads (torch or BLAS): only they take --threads,
 # and the Snakemake rules pass --threads {threads} to exactly these
 THREADED = (
@@ -334,6 +368,7 @@ THREADED = (
     "causal",
     "bench",
     "context-attribute",
+    "grounding-respond",
 )
 # the subcommands that act on one twin
 PER_MODEL = (
@@ -347,6 +382,7 @@ PER_MODEL = (
     "score",
     "fidelity",
     "context-attribute",
+    "grounding-respond",
 )
 # the subcommands that act on one replicate's artifacts (plantbench.replicates)
 PER_REPLICATE = (*PER_MODEL, "stream", "causal", "analysis")
@@ -477,6 +513,18 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "context-analysis": (
         cmd_context_analysis,
         "context suite: BCS, CAC, APS, SSP, Drop@k and LDS with intervals over facts",
+    ),
+    "grounding-build": (
+        cmd_grounding_build,
+        "grounding suite: contexts of atomic sentences in k segments, four conditions",
+    ),
+    "grounding-respond": (
+        cmd_grounding_respond,
+        "grounding suite: one twin's greedy responses, atomized and judged for entailment",
+    ),
+    "grounding-analysis": (
+        cmd_grounding_analysis,
+        "grounding suite: CK, PK (trained / unsupported) and context recall by segment",
     ),
     "analysis": (cmd_analysis, "grade every method: AP, Recall@10, within-cell correlations"),
     "replicates": (

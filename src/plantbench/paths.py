@@ -97,6 +97,14 @@ class Paths:
         """The context suite: ``contexts``, one folder per twin, ``analysis``."""
         return self.root / "context" / part
 
+    def grounding(self, part: str) -> Path:
+        """The grounding suite: ``contexts``, one folder per twin, ``analysis``."""
+        return self.root / "grounding" / part
+
+    def membership(self, part: str) -> Path:
+        """The membership suite: ``samples``, one folder per twin, ``analysis``."""
+        return self.root / "membership" / part
+
     @property
     def causal(self) -> Path:
         return self.root / "causal"

@@ -680,8 +680,10 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
     over_replicates, replicate_input = replicates_section(cfg, paths)
     fidelity_text, fidelity_input = fidelity_section(paths)
     from .context import report as context_report
+    from .grounding import report as grounding_report
 
     context_text, context_input, context_figures = context_report.section(paths, out_dir)
+    grounding_text, grounding_input, grounding_figures = grounding_report.section(paths, out_dir)
     hashes = {
         "config (study)": study_hash(cfg),
         "facts": io.read_meta(paths.facts, "facts", verify=False)["hash"],
@@ -720,6 +722,7 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
         graded,
         *([fidelity_text] if fidelity_text else []),
         *([context_text] if context_text else []),
+        *([grounding_text] if grounding_text else []),
         *([over_replicates] if over_replicates else []),
         "## Pretraining",
         "",
@@ -746,8 +749,10 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
         **replicate_input,
         **fidelity_input,
         **context_input,
+        **grounding_input,
     }
-    return write_outputs(cfg, out_dir, "\n".join(lines), inputs, context_figures)
+    figures = [*context_figures, *grounding_figures]
+    return write_outputs(cfg, out_dir, "\n".join(lines), inputs, figures)
 
 
 def write_outputs(

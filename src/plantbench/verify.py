@@ -117,15 +117,28 @@ def step_of(name: str) -> Step | None:
     return _step_of(p)
 
 
-def _context_step(part: str) -> Step | None:
+# a suite's artifacts: (stage, command, rule) of its contexts, of each twin's pass, of its analysis
+SUITE_STEPS = {
+    "context": (
+        ("context_contexts", "context-build", "context_build"),
+        ("context_attribute", "context-attribute", "context_attribute"),
+        ("context_analysis", "context-analysis", "context_analysis"),
+    ),
+    "grounding": (
+        ("grounding_contexts", "grounding-build", "grounding_build"),
+        ("grounding_respond", "grounding-respond", "grounding_respond"),
+        ("grounding_analysis", "grounding-analysis", "grounding_analysis"),
+    ),
+}
+
+
+def _suite_step(suite: str, part: str) -> Step | None:
+    build, twin, analysis = SUITE_STEPS[suite]
     if part in MODELS:
-        return Step(
-            "context_attribute", "context-attribute", f" --model {part}", "context_attribute"
-        )
-    if part == "contexts":
-        return Step("context_contexts", "context-build", "", "context_build")
-    if part == "analysis":
-        return Step("context_analysis", "context-analysis", "", "context_analysis")
+        return Step(twin[0], twin[1], f" --model {part}", twin[2])
+    if part in ("contexts", "analysis"):
+        stage, command, rule = build if part == "contexts" else analysis
+        return Step(stage, command, "", rule)
     return None
 
 
@@ -134,8 +147,8 @@ def _step_of(p: list[str]) -> Step | None:
         return Step(p[0], p[0], "", p[0])
     if len(p) == 2 and p[0] == "stream" and p[1] in MODELS:
         return Step("stream", "stream", "", "stream")
-    if len(p) == 2 and p[0] == "context":
-        return _context_step(p[1])
+    if len(p) == 2 and p[0] in SUITE_STEPS:
+        return _suite_step(p[0], p[1])
     if len(p) == 2 and p[1] in MODELS and p[0] == "fidelity":
         return Step("fidelity", "fidelity", f" --model {p[1]}", "fidelity")
     if len(p) == 2 and p[1] in MODELS and p[0] in ("models", "pool"):

@@ -38,6 +38,7 @@ rule report:
         replicates=replicate_summary(),
         fidelity=fidelity_outputs(),
         context=f"{R}/context/analysis/meta.json",
+        grounding=f"{R}/grounding/analysis/meta.json",
     output:
         meta=f"{R}/report/meta.json",
         report=f"{R}/report/report.md",
@@ -75,6 +76,16 @@ rule report:
             f"{R}/report/context_ssp.png",
             caption="../report/context_ssp.rst",
             category="Context suite",
+        ),
+        grounding_ck=report(
+            f"{R}/report/grounding_ck.png",
+            caption="../report/grounding_ck.rst",
+            category="Grounding suite",
+        ),
+        grounding_cr=report(
+            f"{R}/report/grounding_cr.png",
+            caption="../report/grounding_cr.rst",
+            category="Grounding suite",
         ),
     log:
         log_of("report"),
