@@ -21,6 +21,7 @@ GPU_RULES = {
     "fidelity",
     "context_attribute",
     "grounding_respond",
+    "membership_detect",
 }
 
 

@@ -33,6 +33,7 @@ FIGURES = {
     "context_ssp.png",
     "grounding_ck.png",
     "grounding_cr.png",
+    "membership_layers.png",
 }
 TABLES = {"retrieval.csv", "correlations.csv", "learned_grid.csv"}
 
@@ -55,7 +56,8 @@ def report_html(smoke_run: Path, plugin_config: Path, tmp_path_factory) -> Path:
     return out
 
 
-def chromium(browser: str, page: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess:
+def chromium(browser: str, page: Path | str, tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    """Headless Chromium on a file (a Path) or a URL (a str), with ``args``."""
     cmd = [
         browser,
         "--headless",
@@ -65,7 +67,7 @@ def chromium(browser: str, page: Path, tmp: Path, *args: str) -> subprocess.Comp
         f"--user-data-dir={tmp / 'profile'}",
         "--virtual-time-budget=20000",
         *args,
-        page.as_uri(),
+        page if isinstance(page, str) else page.as_uri(),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -28,6 +28,9 @@ of several timed repeats.
   disk) at two pool sizes, with the peak anonymous memory (the process's own allocations) and
   the peak resident size including file-backed pages (the engine's on-disk scratch), each in a
   fresh process.
+* ``server``: the audit server's latency (``POST /audit`` through an in-process HTTP client, on
+  twin A's membership probe; median and 95th percentile in ms) when the study's membership suite
+  has run.
 * ``study``: wall time of every rule of the study in ``{results}``, from the rules'
   ``benchmark:`` files (column ``s``).
 """
@@ -394,156 +397,168 @@ def study_times(bench_dir: Path) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- driver
 
 
-def run(
-    cfg: dict[str, Any],
-    paths: Paths,
-    *,
-    threads: int | None = None,
-    quick: bool = False,
-    skip: tuple[str, ...] = (),
-) -> Path:
-    """Measure everything, write ``benchmarks.csv`` (atomically); returns its path."""
-    thr = int(threads or cfg["train"]["threads"])
+def _pretrain_rows(cfg: dict[str, Any], thr: int, quick: bool, out_dir: Path, peaks: tuple) -> list:
+    from .plan import shape_of
+
+    peak, peak_cpu = peaks
     reps = 2 if quick else 5
-    rows: list[dict[str, Any]] = []
-    out_dir = paths.benchmarks
-
-    peak, peak_med, peak_cpu = matmul_peak(
-        thr, n=1024 if quick else 2048, repeats=3 if quick else 7
+    shape = shape_of(cfg)
+    fpt = shape.train_flops_per_token()
+    tr = train_benchmark(
+        cfg, thr, steps=2 if quick else 6, repeats=reps, profile_path=out_dir / PROFILE_NAME
     )
-    rows += [
-        _row("peak", f"fp32 matmul 2048^2, {thr} thread(s), best", peak, "FLOP/s"),
-        _row("peak", "fp32 matmul, median", peak_med, "FLOP/s", peak),
-        _row("peak", "fp32 matmul per CPU-second (process CPU time x threads)", peak_cpu, "FLOP/s"),
+    desc = (
+        f"{shape.n_layer}L x {shape.width}, vocab {shape.vocab}, T={shape.window}, "
+        f"{tr['params'] / 1e6:.2f}M params, batch {cfg['train']['batch_windows']} "
+        f"(micro {cfg['train']['micro_batch_windows']}), {thr} thread(s)"
+    )
+    rows = [
+        _row("pretrain", f"tokens/s, best ({desc})", tr["best"], "tokens/s"),
+        _row("pretrain", "tokens/s, median", tr["median"], "tokens/s", tr["best"]),
+        _row("pretrain", "FLOPs/token = 6N + 12 L d T", fpt, "FLOP"),
+        _row(
+            "pretrain",
+            "MFU: model FLOP per CPU-second vs matmul FLOP per CPU-second",
+            tr["cpu"] * fpt,
+            "FLOP/s",
+            peak_cpu,
+        ),
+        _row(
+            "pretrain",
+            "model FLOP/s (best, wall clock) vs measured matmul peak",
+            tr["best"] * fpt,
+            "FLOP/s",
+            peak,
+        ),
+        _row(
+            "pretrain",
+            "model FLOP/s (median) vs measured matmul peak",
+            tr["median"] * fpt,
+            "FLOP/s",
+            peak,
+        ),
+        _row("pretrain", "matmul share of one step's CPU time (profile)", tr["matmul_share"], ""),
     ]
-    log.info("matmul peak %.1f GFLOP/s", peak / 1e9)
+    log.info("training %.0f tokens/s, MFU %.1f%%", tr["best"], 100 * tr["cpu"] * fpt / peak_cpu)
+    rows += pin_benchmark(cfg, thr, steps=2 if quick else 4, repeats=2 if quick else 3)
+    log.info("float pin: %s", ", ".join(f"{r['value']:.0f}" for r in rows[-2:]))
+    return rows
 
-    if "pretrain" not in skip:
-        from .plan import shape_of
 
-        shape = shape_of(cfg)
-        fpt = shape.train_flops_per_token()
-        tr = train_benchmark(
-            cfg, thr, steps=2 if quick else 6, repeats=reps, profile_path=out_dir / PROFILE_NAME
-        )
-        desc = (
-            f"{shape.n_layer}L x {shape.width}, vocab {shape.vocab}, T={shape.window}, "
-            f"{tr['params'] / 1e6:.2f}M params, batch {cfg['train']['batch_windows']} "
-            f"(micro {cfg['train']['micro_batch_windows']}), {thr} thread(s)"
-        )
+def _feature_rows(cfg: dict[str, Any], thr: int, quick: bool) -> list:
+    from .bench_gradients import run_benchmark
+
+    f = cfg["features"]
+    grows = run_benchmark(
+        threads=thr,
+        windows=32 if quick else 64,
+        exact_windows=4 if quick else 8,
+        batch=int(f["batch_windows"]),
+        k_in=int(f["grad_k_in"]),
+        k_out=int(f["grad_k_out"]),
+        model=dict(cfg["model"]),
+        vocab=int(cfg["tokenizer"]["vocab_size"]),
+        window=int(cfg["stream"]["window"]),
+        repeats=2 if quick else 3,
+    )
+    return [
+        _row("features", f"{r['stage']}: {r['what']}", r["value"], r["unit"], r["reference"])
+        for r in grows
+    ]
+
+
+def _tile_rows(cfg: dict[str, Any], thr: int, quick: bool) -> list:
+    sc = cfg["scoring"]
+    dim = (
+        int(cfg["features"]["grad_k_in"])
+        * int(cfg["features"]["grad_k_out"])
+        * 7
+        * int(cfg["model"]["n_layer"])
+    )
+    n_q = 2 * int(sc["query_block"])
+    rows = []
+    for n_pool in (8192, 32768) if quick else (16384, 131072):
+        job = {
+            "n_q": n_q,
+            "n_pool": n_pool,
+            "dim": dim,
+            "threads": thr,
+            "top_k": int(sc["top_k"]),
+            "query_block": int(sc["query_block"]),
+            "pool_block": int(sc["pool_block"]),
+        }
+        res = _spawn(_tile_child, job)
+        tag = f"tile engine, dot product D={dim}, {n_q} queries x {n_pool:,} windows"
         rows += [
-            _row("pretrain", f"tokens/s, best ({desc})", tr["best"], "tokens/s"),
-            _row("pretrain", "tokens/s, median", tr["median"], "tokens/s", tr["best"]),
-            _row("pretrain", "FLOPs/token = 6N + 12 L d T", fpt, "FLOP"),
+            _row("scoring", f"{tag}: pairs/s", n_q * n_pool / res["seconds"], "pairs/s"),
+            _row("scoring", f"{tag}: peak anonymous memory", res["anon_mb"], "MiB"),
             _row(
-                "pretrain",
-                "MFU: model FLOP per CPU-second vs matmul FLOP per CPU-second",
-                tr["cpu"] * fpt,
-                "FLOP/s",
-                peak_cpu,
-            ),
-            _row(
-                "pretrain",
-                "model FLOP/s (best, wall clock) vs measured matmul peak",
-                tr["best"] * fpt,
-                "FLOP/s",
-                peak,
-            ),
-            _row(
-                "pretrain",
-                "model FLOP/s (median) vs measured matmul peak",
-                tr["median"] * fpt,
-                "FLOP/s",
-                peak,
-            ),
-            _row(
-                "pretrain", "matmul share of one step's CPU time (profile)", tr["matmul_share"], ""
+                "scoring", f"{tag}: peak resident incl. file-backed scratch", res["rss_mb"], "MiB"
             ),
         ]
-        log.info("training %.0f tokens/s, MFU %.1f%%", tr["best"], 100 * tr["cpu"] * fpt / peak_cpu)
-        rows += pin_benchmark(cfg, thr, steps=2 if quick else 4, repeats=2 if quick else 3)
-        log.info("float pin: %s", ", ".join(f"{r['value']:.0f}" for r in rows[-2:]))
+    return rows
 
-    if "features" not in skip:
-        from .bench_gradients import run_benchmark
 
-        f = cfg["features"]
-        grows = run_benchmark(
-            threads=thr,
-            windows=32 if quick else 64,
-            exact_windows=4 if quick else 8,
-            batch=int(f["batch_windows"]),
-            k_in=int(f["grad_k_in"]),
-            k_out=int(f["grad_k_out"]),
-            model=dict(cfg["model"]),
-            vocab=int(cfg["tokenizer"]["vocab_size"]),
-            window=int(cfg["stream"]["window"]),
-            repeats=2 if quick else 3,
-        )
-        for r in grows:
-            what = f"{r['stage']}: {r['what']}"
-            rows.append(_row("features", what, r["value"], r["unit"], r["reference"]))
+def _method_rows(cfg: dict[str, Any], thr: int) -> list:
+    from .methods import registry
 
-    if "scoring" not in skip:
-        sc = cfg["scoring"]
-        dim = (
-            int(cfg["features"]["grad_k_in"])
-            * int(cfg["features"]["grad_k_out"])
-            * 7
-            * int(cfg["model"]["n_layer"])
-        )
-        n_q = 2 * int(sc["query_block"])
-        sizes = (8192, 32768) if quick else (16384, 131072)
-        for n_pool in sizes:
-            job = {
-                "n_q": n_q,
-                "n_pool": n_pool,
-                "dim": dim,
-                "threads": thr,
-                "top_k": int(sc["top_k"]),
-                "query_block": int(sc["query_block"]),
-                "pool_block": int(sc["pool_block"]),
-            }
-            res = _spawn(_tile_child, job)
-            tag = f"tile engine, dot product D={dim}, {n_q} queries x {n_pool:,} windows"
-            rows += [
-                _row("scoring", f"{tag}: pairs/s", n_q * n_pool / res["seconds"], "pairs/s"),
-                _row("scoring", f"{tag}: peak anonymous memory", res["anon_mb"], "MiB"),
-                _row(
-                    "scoring",
-                    f"{tag}: peak resident incl. file-backed scratch",
-                    res["rss_mb"],
-                    "MiB",
-                ),
-            ]
-        if _study_ready(cfg):
-            from .methods import registry
+    registry.load_plugins(cfg)
+    rows = []
+    for method in cfg["methods"]["enabled"] + [p["name"] for p in cfg["methods"]["plugins"]]:
+        try:
+            res = _spawn(
+                _method_child, {"cfg": cfg, "method": method, "model": MODELS[0], "threads": thr}
+            )
+        except Exception as exc:  # a missing feature of one method must not stop the rest
+            log.warning("scoring benchmark of %s skipped: %s", method, exc)
+            continue
+        rows += [
+            _row(
+                "scoring",
+                f"{method} (model A, study features): pairs/s",
+                res["pairs"] / res["seconds"],
+                "pairs/s",
+            ),
+            _row("scoring", f"{method}: peak anonymous memory", res["anon_mb"], "MiB"),
+        ]
+    return rows
 
-            registry.load_plugins(cfg)
-            for method in cfg["methods"]["enabled"] + [
-                p["name"] for p in cfg["methods"]["plugins"]
-            ]:
-                try:
-                    res = _spawn(
-                        _method_child,
-                        {"cfg": cfg, "method": method, "model": MODELS[0], "threads": thr},
-                    )
-                except Exception as exc:  # a missing feature of one method must not stop the rest
-                    log.warning("scoring benchmark of %s skipped: %s", method, exc)
-                    continue
-                rows += [
-                    _row(
-                        "scoring",
-                        f"{method} (model A, study features): pairs/s",
-                        res["pairs"] / res["seconds"],
-                        "pairs/s",
-                    ),
-                    _row("scoring", f"{method}: peak anonymous memory", res["anon_mb"], "MiB"),
-                ]
-        else:
-            log.info("no finished study under %s: per-method scoring rates skipped", paths.root)
 
-    rows += study_times(out_dir)
+def _server_rows(paths: Paths, thr: int, repeats: int = 50) -> list:
+    """The audit server's latency over HTTP (in-process client) on twin A's probe, when the
+    study's membership suite has run."""
+    if not (paths.membership(MODELS[0]) / "probe.json").is_file():
+        log.info("no membership probe under %s: the server benchmark is skipped", paths.root)
+        return []
+    import torch
+    from fastapi.testclient import TestClient
+
+    from .membership import serve
+
+    torch.set_num_threads(thr)
+    samples = io.read_parquet(paths.membership("samples") / "samples.parquet")
+    mine = samples[samples["model"] == MODELS[0]].head(repeats)
+    client = TestClient(serve.app(serve.load(paths, MODELS[0])))
+    ms = []
+    for ctx, query in zip(mine["context"], mine["query"], strict=True):
+        t0 = time.perf_counter()
+        r = client.post("/audit", json={"context": ctx, "query": query})
+        ms.append(1000 * (time.perf_counter() - t0))
+        if r.status_code != 200:
+            log.warning("server benchmark: %s", r.text)
+    ms = ms[5:] or ms  # the first requests warm up the model
+    return [
+        _row(
+            "server",
+            f"POST /audit on twin A, median of {len(ms)} requests",
+            float(np.median(ms)),
+            "ms",
+        ),
+        _row("server", "POST /audit, 95th percentile", float(np.percentile(ms, 95)), "ms"),
+    ]
+
+
+def _write_rows(path: Path, rows: list) -> None:
     buf = _io.StringIO()
     w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     w.writeheader()
@@ -554,8 +569,44 @@ def run(
                 for k in COLUMNS
             }
         )
-    path = out_dir / CSV_NAME
     io.write_text(path, buf.getvalue())
+
+
+def run(
+    cfg: dict[str, Any],
+    paths: Paths,
+    *,
+    threads: int | None = None,
+    quick: bool = False,
+    skip: tuple[str, ...] = (),
+) -> Path:
+    """Measure everything, write ``benchmarks.csv`` (atomically); returns its path."""
+    thr = int(threads or cfg["train"]["threads"])
+    out_dir = paths.benchmarks
+    peak, peak_med, peak_cpu = matmul_peak(
+        thr, n=1024 if quick else 2048, repeats=3 if quick else 7
+    )
+    rows: list[dict[str, Any]] = [
+        _row("peak", f"fp32 matmul 2048^2, {thr} thread(s), best", peak, "FLOP/s"),
+        _row("peak", "fp32 matmul, median", peak_med, "FLOP/s", peak),
+        _row("peak", "fp32 matmul per CPU-second (process CPU time x threads)", peak_cpu, "FLOP/s"),
+    ]
+    log.info("matmul peak %.1f GFLOP/s", peak / 1e9)
+    if "pretrain" not in skip:
+        rows += _pretrain_rows(cfg, thr, quick, out_dir, (peak, peak_cpu))
+    if "features" not in skip:
+        rows += _feature_rows(cfg, thr, quick)
+    if "scoring" not in skip:
+        rows += _tile_rows(cfg, thr, quick)
+        if _study_ready(cfg):
+            rows += _method_rows(cfg, thr)
+        else:
+            log.info("no finished study under %s: per-method scoring rates skipped", paths.root)
+    if "server" not in skip:
+        rows += _server_rows(paths, thr)
+    rows += study_times(out_dir)
+    path = out_dir / CSV_NAME
+    _write_rows(path, rows)
     return path
 
 

@@ -356,6 +356,49 @@ def cmd_grounding_analysis(args: argparse.Namespace) -> None:
     print(f"grounding-analysis {meta['hash']} ({meta['info']['responses']} responses)")
 
 
+def cmd_membership_samples(args: argparse.Namespace) -> None:
+    from .membership import samples
+
+    cfg = _load_cfg(args)
+    meta = samples.run(cfg, Paths(cfg))
+    info = meta["info"]
+    print(
+        f"membership-samples {meta['hash']} ({info['samples_per_twin']} samples per twin, "
+        f"{info['n_cal']} to calibrate, {info['distractors_per_twin']} distractors)"
+    )
+
+
+def cmd_membership_detect(args: argparse.Namespace) -> None:
+    from .membership import detect
+
+    cfg = _load_cfg(args)
+    meta = detect.run(cfg, Paths(cfg), args.model, threads=args.threads or 1)
+    info = meta["info"]
+    print(
+        f"membership-detect {args.model} {meta['hash']} (CRM-LR AUC {info['crm_lr_auc']:.3f}, "
+        f"CRM-XGB {info['crm_xgb_auc']:.3f}; target layers {info['layers']})"
+    )
+
+
+def cmd_membership_analysis(args: argparse.Namespace) -> None:
+    from .membership import analysis
+
+    cfg = _load_cfg(args)
+    meta = analysis.run(cfg, Paths(cfg))
+    print(f"membership-analysis {meta['hash']}")
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from .membership import serve
+
+    cfg = _load_cfg(args)
+    auditor = serve.load(Paths(cfg), args.model)
+    print(f"serve: twin {args.model} on http://{args.host}:{args.port}/ (POST /audit)")
+    uvicorn.run(serve.app(auditor), host=args.host, port=args.port, log_level="info")
+
+
 # the subcommands whose work runs on CPU threads (torch or BLAS): only they take --threads,
 # and the Snakemake rules pass --threads {threads} to exactly these
 THREADED = (
@@ -369,6 +412,7 @@ THREADED = (
     "bench",
     "context-attribute",
     "grounding-respond",
+    "membership-detect",
 )
 # the subcommands that act on one twin
 PER_MODEL = (
@@ -383,6 +427,8 @@ PER_MODEL = (
     "fidelity",
     "context-attribute",
     "grounding-respond",
+    "membership-detect",
+    "serve",
 )
 # the subcommands that act on one replicate's artifacts (plantbench.replicates)
 PER_REPLICATE = (*PER_MODEL, "stream", "causal", "analysis")
@@ -460,12 +506,17 @@ def _opts_plan(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _opts_serve(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+
+
 def _opts_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="fewer repeats, smaller sizes")
     p.add_argument(
         "--skip",
         action="append",
-        choices=["pretrain", "features", "scoring"],
+        choices=["pretrain", "features", "scoring", "server"],
         help="leave out one group of measurements (repeatable)",
     )
 
@@ -480,6 +531,7 @@ OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "export": _opts_export,
     "plan": _opts_plan,
     "bench": _opts_bench,
+    "serve": _opts_serve,
 }
 
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
@@ -525,6 +577,22 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "grounding-analysis": (
         cmd_grounding_analysis,
         "grounding suite: CK, PK (trained / unsupported) and context recall by segment",
+    ),
+    "membership-samples": (
+        cmd_membership_samples,
+        "membership suite: per twin, documents it read and documents only the other twin read",
+    ),
+    "membership-detect": (
+        cmd_membership_detect,
+        "membership suite: CRM's reality-monitoring probe, baselines and controls on one twin",
+    ),
+    "membership-analysis": (
+        cmd_membership_analysis,
+        "membership suite: the seed's Tables 1 and 2 and AUC per layer",
+    ),
+    "serve": (
+        cmd_serve,
+        "audit server: a twin and its membership probe behind POST /audit, with a dashboard",
     ),
     "analysis": (cmd_analysis, "grade every method: AP, Recall@10, within-cell correlations"),
     "replicates": (

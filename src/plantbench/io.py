@@ -98,6 +98,11 @@ def write_text(path: str | Path, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
+def write_csv(path: str | Path, df: pd.DataFrame) -> None:
+    """A table as csv: no index, 6 significant digits, ``\\n`` line ends (byte-stable)."""
+    write_text(path, df.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
+
+
 def dumps_json(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 

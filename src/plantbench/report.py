@@ -681,9 +681,13 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
     fidelity_text, fidelity_input = fidelity_section(paths)
     from .context import report as context_report
     from .grounding import report as grounding_report
+    from .membership import report as membership_report
 
     context_text, context_input, context_figures = context_report.section(paths, out_dir)
     grounding_text, grounding_input, grounding_figures = grounding_report.section(paths, out_dir)
+    membership_text, membership_input, membership_figures = membership_report.section(
+        paths, out_dir
+    )
     hashes = {
         "config (study)": study_hash(cfg),
         "facts": io.read_meta(paths.facts, "facts", verify=False)["hash"],
@@ -723,6 +727,7 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
         *([fidelity_text] if fidelity_text else []),
         *([context_text] if context_text else []),
         *([grounding_text] if grounding_text else []),
+        *([membership_text] if membership_text else []),
         *([over_replicates] if over_replicates else []),
         "## Pretraining",
         "",
@@ -750,8 +755,9 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
         **fidelity_input,
         **context_input,
         **grounding_input,
+        **membership_input,
     }
-    figures = [*context_figures, *grounding_figures]
+    figures = [*context_figures, *grounding_figures, *membership_figures]
     return write_outputs(cfg, out_dir, "\n".join(lines), inputs, figures)
 
 

@@ -129,15 +129,24 @@ SUITE_STEPS = {
         ("grounding_respond", "grounding-respond", "grounding_respond"),
         ("grounding_analysis", "grounding-analysis", "grounding_analysis"),
     ),
+    "membership": (
+        ("membership_samples", "membership-samples", "membership_samples"),
+        ("membership_detect", "membership-detect", "membership_detect"),
+        ("membership_analysis", "membership-analysis", "membership_analysis"),
+    ),
 }
+
+
+# the folder of a suite's first step (its inputs), where it is not ``contexts``
+SUITE_INPUTS = {"membership": "samples"}
 
 
 def _suite_step(suite: str, part: str) -> Step | None:
     build, twin, analysis = SUITE_STEPS[suite]
     if part in MODELS:
         return Step(twin[0], twin[1], f" --model {part}", twin[2])
-    if part in ("contexts", "analysis"):
-        stage, command, rule = build if part == "contexts" else analysis
+    if part in (SUITE_INPUTS.get(suite, "contexts"), "analysis"):
+        stage, command, rule = analysis if part == "analysis" else build
         return Step(stage, command, "", rule)
     return None
 

@@ -39,6 +39,7 @@ rule report:
         fidelity=fidelity_outputs(),
         context=f"{R}/context/analysis/meta.json",
         grounding=f"{R}/grounding/analysis/meta.json",
+        membership=f"{R}/membership/analysis/meta.json",
     output:
         meta=f"{R}/report/meta.json",
         report=f"{R}/report/report.md",
@@ -86,6 +87,11 @@ rule report:
             f"{R}/report/grounding_cr.png",
             caption="../report/grounding_cr.rst",
             category="Grounding suite",
+        ),
+        membership_layers=report(
+            f"{R}/report/membership_layers.png",
+            caption="../report/membership_layers.rst",
+            category="Membership suite",
         ),
     log:
         log_of("report"),

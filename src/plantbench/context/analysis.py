@@ -366,10 +366,6 @@ def ssp_figure(ssp: pd.DataFrame, out: Any) -> None:
     _save(fig, out)
 
 
-def _write_csv(path: Any, df: pd.DataFrame) -> None:
-    io.write_text(path, df.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
-
-
 def run(cfg: dict[str, Any], paths: Paths) -> dict[str, Any]:
     st = settings(cfg)
     data = _read(paths)
@@ -389,7 +385,7 @@ def run(cfg: dict[str, Any], paths: Paths) -> dict[str, Any]:
     out = paths.context("analysis")
     with io.atomic_dir(out) as tmp:
         for name, make in tables.items():
-            _write_csv(tmp / name, make())
+            io.write_csv(tmp / name, make())
         shift_figure(scored, st, tmp / "shift.png")
         ssp_figure(ssp, tmp / "ssp.png")
         return io.write_meta(

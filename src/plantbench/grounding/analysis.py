@@ -230,10 +230,6 @@ def cr_figure(cr: pd.DataFrame, st: Settings, out: Any) -> None:
     _save(fig, out)
 
 
-def _write_csv(path: Any, df: pd.DataFrame) -> None:
-    io.write_text(path, df.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
-
-
 def run(cfg: dict[str, Any], paths: Paths) -> dict[str, Any]:
     st = settings(cfg)
     data = _read(paths)
@@ -251,7 +247,7 @@ def run(cfg: dict[str, Any], paths: Paths) -> dict[str, Any]:
     out = paths.grounding("analysis")
     with io.atomic_dir(out) as tmp:
         for name, make in tables.items():
-            _write_csv(tmp / name, make())
+            io.write_csv(tmp / name, make())
         ck_figure(ck, st, tmp / "ck.png")
         cr_figure(cr, st, tmp / "cr.png")
         return io.write_meta(

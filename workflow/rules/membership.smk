@@ -1,0 +1,89 @@
+# The membership suite (seed 001; plantbench.membership): per twin, planted documents it read
+# (members) and the other twin's (non-members), CRM's reality-monitoring probe with its baselines
+# and controls (one job per twin), and the seed's Tables 1 and 2. Replicate 0 only.
+
+
+rule membership_samples:
+    input:
+        facts=f"{R}/facts/meta.json",
+        causal=f"{R}/causal/meta.json",
+    output:
+        f"{R}/membership/samples/meta.json",
+    log:
+        log_of("membership_samples"),
+    benchmark:
+        bench_of("membership_samples")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        run_config=RUN_CONFIG,
+        mem_mb=2000,
+        runtime=10,
+    params:
+        sections=sections("membership_samples"),
+        plantbench=PLANTBENCH,
+    shell:
+        "{params.plantbench} membership-samples -c {resources.run_config:q} 2> {log:q}"
+
+
+# GPU: forward passes with hidden states, greedy continuations and the text encoder; on a cluster
+# it wants a GPU
+rule membership_detect:
+    input:
+        samples=f"{R}/membership/samples/meta.json",
+        model=f"{R}/models/{{model}}/meta.json",
+        tokenizer=f"{R}/tokenizer/meta.json",
+    output:
+        f"{R}/membership/{{model}}/meta.json",
+    log:
+        log_of("membership_detect_{model}"),
+    benchmark:
+        bench_of("membership_detect_{model}")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        run_config=RUN_CONFIG,
+        mem_mb=lambda wc, attempt: 4000 * attempt,
+        runtime=lambda wc, attempt: 30 * attempt,
+    params:
+        sections=sections("membership_detect"),
+        plantbench=PLANTBENCH,
+    shell:
+        "{params.plantbench} membership-detect -c {resources.run_config:q} --model {wildcards.model} --threads {threads} 2> {log:q}"
+
+
+rule membership_analysis:
+    input:
+        expand("{R}/membership/{model}/meta.json", R=R, model=MODELS),
+    output:
+        meta=f"{R}/membership/analysis/meta.json",
+        table1=report(
+            f"{R}/membership/analysis/table1.csv",
+            caption="../report/membership_table1.rst",
+            category="Membership suite",
+            labels={"table": "membership table 1"},
+        ),
+        table2=report(
+            f"{R}/membership/analysis/table2.csv",
+            caption="../report/membership_table2.rst",
+            category="Membership suite",
+            labels={"table": "membership table 2"},
+        ),
+    log:
+        log_of("membership_analysis"),
+    benchmark:
+        bench_of("membership_analysis")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        run_config=RUN_CONFIG,
+        mem_mb=2000,
+        runtime=10,
+    params:
+        sections=sections("membership_analysis"),
+        plantbench=PLANTBENCH,
+    shell:
+        "{params.plantbench} membership-analysis -c {resources.run_config:q} 2> {log:q}"
