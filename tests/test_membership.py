@@ -285,3 +285,27 @@ def test_kl_is_zero_for_identical_conditions_and_positive_otherwise():
     other = trace.kl_steps(model, [[1, 30, 31, 32, 5, 9]], p, y, 3)
     assert (other > 0).all()
     assert torch.is_tensor(trace.continuation_logprobs(model, p, y)[0])
+
+
+def test_cell_aucs_compare_each_cells_members_with_its_own_non_members():
+    from plantbench.membership.detect import _cells
+    from plantbench.membership.settings import settings as membership_settings
+
+    cfg = config.load(SMOKE)
+    st = membership_settings({**cfg, "membership": {"bootstrap": 20}})
+    s = pd.DataFrame(
+        {
+            "member": [True, False, True, False, True, False],
+            "n_docs": [1, 1, 1, 1, 4, 4],
+            "position": ["early"] * 6,
+            "learned": [True, False, False, False, True, False],
+        }
+    )
+    perfect = np.array([0.9, 0.1, 0.8, 0.2, 0.7, 0.6])
+    backwards = 1 - perfect
+    t = _cells("A", s, {"CRM-LR": perfect, "Min-K% Prob": backwards}, st)
+    crm = t[t["score"] == "CRM-LR"].set_index(["subset", "n_docs"])
+    assert crm.loc[("cell", 1), "members"] == 2 and crm.loc[("cell", 1), "auc"] == 1.0
+    assert crm.loc[("cell", 4), "auc"] == 1.0  # 0.7 vs 0.6 inside the cell
+    assert crm.loc[("learned", -1), ["members", "non_members"]].tolist() == [2, 3]
+    assert (t.loc[t["score"] == "Min-K% Prob", "auc"] < 0.5).all()

@@ -16,6 +16,11 @@ On a CUDA machine (run from the repository root with the package installed)::
    (:func:`plantbench.gradients.full_grads`, what the fidelity step computes on its subset) on
    batches of ``--exact-batch`` windows: windows/s, so the step's time at paper size is
    ``fidelity.windows x query chunks / windows/s``.
+5. Suites: the grounding suite's batched greedy generation
+   (:func:`plantbench.grounding.generate.greedy`, ``--gen-tokens`` tokens after half-window
+   prompts) in responses/s, and the membership suite's hidden-state passes
+   (:func:`plantbench.membership.trace.last_states`) in prompts/s, on batches of
+   ``--suite-batch`` prompts in bf16.
 
 Without CUDA it runs a tiny shape on the CPU in fp32 (a smoke test of the script itself; the
 numbers mean nothing). Prints one JSON object and writes it to ``--out`` if given.
@@ -170,6 +175,32 @@ def exact_speed(
     return n_batches * batch / (time.perf_counter() - t0)
 
 
+def suite_speed(
+    model_cfg: dict[str, Any], vocab: int, T: int, batch: int, gen: int, device: torch.device
+) -> tuple[float, float]:
+    """(responses/s of greedy generation, prompts/s of hidden-state passes) of the suites."""
+    from plantbench.grounding.generate import greedy
+    from plantbench.membership.trace import last_states
+
+    conf = llama_config(model_cfg, vocab, T, bos=1, eos=2, pad=0)
+    model = build_model(conf, 0).to(device).eval()
+    if device.type == "cuda":
+        model = model.to(torch.bfloat16)
+    prompts = torch.randint(3, vocab, (batch, T // 2)).tolist()
+    greedy(model, prompts[:2], [2, 2])  # warm-up
+    _sync(device)
+    t0 = time.perf_counter()
+    out = greedy(model, prompts, [gen] * batch)
+    _sync(device)
+    gen_rate = batch / (time.perf_counter() - t0)
+    assert len(out) == batch and all(len(r.ids) <= gen for r in out)
+    t0 = time.perf_counter()
+    h = last_states(model, prompts)
+    _sync(device)
+    assert h.shape[:2] == (batch, model_cfg["n_layer"] + 1)
+    return gen_rate, batch / (time.perf_counter() - t0)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=50)
@@ -180,6 +211,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--feat-batches", type=int, default=8)
     ap.add_argument("--exact-batch", type=int, default=4)
     ap.add_argument("--exact-batches", type=int, default=3)
+    ap.add_argument("--suite-batch", type=int, default=32)
+    ap.add_argument("--gen-tokens", type=int, default=32)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -208,6 +241,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     fpt = shape.train_flops_per_token()
     feat = feat_speed(mcfg, vocab, T, fb, fn, k, device)
     exact = exact_speed(mcfg, vocab, T, eb, en, device)
+    sb, sg = (a.suite_batch, a.gen_tokens) if cuda else (4, 4)
+    responses, hidden = suite_speed(mcfg, vocab, T, sb, sg, device)
     peak = sheet or measured
     res: dict[str, Any] = {
         "device": name,
@@ -231,6 +266,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "feat_tokens_per_s": feat,
         "feat_windows_per_s": feat / T,
         "exact_float64_windows_per_s": exact,
+        "suite_batch": sb,
+        "grounding_responses_per_s": responses,
+        "membership_prompts_per_s": hidden,
     }
     text = json.dumps(res, indent=2)
     print(text)

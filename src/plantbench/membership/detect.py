@@ -185,23 +185,29 @@ def _layers(g: Grader, f: Features, st: Settings, cal: np.ndarray, y: np.ndarray
     return pd.DataFrame(rows, columns=["model", "layer", "variance_ratio", "auc", "lo", "hi"])
 
 
-def _cells(model: str, s: pd.DataFrame, p: np.ndarray, st: Settings) -> pd.DataFrame:
-    """CRM-LR's out-of-fold AUC per cell (members of the cell vs the cell's non-members) and
-    for learned / unlearned members (vs every non-member)."""
+CELL_SCORES = ("CRM-LR", "Min-K% Prob")  # the probe (out of fold) and the best baseline
+
+
+def _cells(
+    model: str, s: pd.DataFrame, scores: dict[str, np.ndarray], st: Settings
+) -> pd.DataFrame:
+    """Each score's AUC per cell (members of the cell vs the cell's non-members) and for
+    learned / unlearned members (vs every non-member)."""
     rows = []
     y = s["member"].to_numpy()
-    for (n_docs, pos), g in s.groupby(["n_docs", "position"], sort=True):
-        i = g.index.to_numpy()
-        a, lo, hi = auc_interval(y[i], p[i], st.bootstrap, st.seed, f"{model}/cell/{n_docs}/{pos}")
-        rows.append(
-            (model, "cell", int(n_docs), pos, int(y[i].sum()), int((~y[i]).sum()), a, lo, hi)
-        )
+    subsets = [
+        (("cell", int(n), pos), g.index.to_numpy())
+        for (n, pos), g in s.groupby(["n_docs", "position"], sort=True)
+    ]
     for name, keep in (("learned", s["learned"]), ("not learned", ~s["learned"])):
-        i = np.flatnonzero(~y | (y & keep.to_numpy()))
-        a, lo, hi = auc_interval(y[i], p[i], st.bootstrap, st.seed, f"{model}/{name}")
-        rows.append((model, name, -1, "all", int(y[i].sum()), int((~y[i]).sum()), a, lo, hi))
-    cols = ["model", "subset", "n_docs", "position", "members", "non_members", "auc", "lo", "hi"]
-    return pd.DataFrame(rows, columns=cols)
+        subsets.append(((name, -1, "all"), np.flatnonzero(~y | (y & keep.to_numpy()))))
+    for score, p in scores.items():
+        for key, i in subsets:
+            tag = f"{model}/{score}/{key[0]}/{key[1]}/{key[2]}"
+            a, lo, hi = auc_interval(y[i], p[i], st.bootstrap, st.seed, tag)
+            rows.append((model, score, *key, int(y[i].sum()), int((~y[i]).sum()), a, lo, hi))
+    cols = ["model", "score", "subset", "n_docs", "position", "members", "non_members"]
+    return pd.DataFrame(rows, columns=[*cols, "auc", "lo", "hi"])
 
 
 def _controls(
@@ -293,7 +299,9 @@ def run(cfg: dict[str, Any], paths: Paths, model_name: str, *, threads: int = 1)
         "features": _feature_table(both, f_all, shift, lik, oof, p_dis, c.cut),
         "aucs": g.table(),
         "layers": layers,
-        "cells": _cells(model_name, s, oof["crm_lr"], st),
+        "cells": _cells(
+            model_name, s, dict(zip(CELL_SCORES, (oof["crm_lr"], lik[:, 2]), strict=True)), st
+        ),
     }
     probe = _probe_json(shift, f.crm(shift, surface=False), y, st, model_name)
     info = {"layers": [int(x) for x in shift.layers_], "noise_blocks": noised}

@@ -63,11 +63,13 @@ def section(paths: Paths, out_dir: Path) -> tuple[str, dict[str, str], list[str]
     dis = pd.read_csv(folder / "distractors.csv")
     for src, dst in FIGURES.items():
         shutil.copyfile(folder / src, out_dir / dst)
-    learned = cells[cells["subset"] != "cell"][["model", "subset", "members", "auc", "lo", "hi"]]
+    learned = cells[cells["subset"] != "cell"][
+        ["model", "score", "subset", "members", "auc", "lo", "hi"]
+    ]
     by_docs = (
         cells[cells["subset"] == "cell"]
         .assign(w=lambda d: d["auc"] * d["members"])
-        .groupby(["model", "n_docs"])[["w", "members"]]
+        .groupby(["model", "score", "n_docs"], sort=False)[["w", "members"]]
         .sum()
     )
     by_docs = (by_docs["w"] / by_docs["members"]).unstack("n_docs")
@@ -99,8 +101,9 @@ def section(paths: Paths, out_dir: Path) -> tuple[str, dict[str, str], list[str]
         "",
         "![membership AUC per layer](membership_layers.png)",
         "",
-        "CRM-LR by documents per fact (mean over positions, weighted by members; "
-        "`cells.csv` has each cell with its interval) and for learned vs unlearned members:",
+        "What no anchor can show: AUC by documents per fact (the cells' AUCs averaged over "
+        "positions, weighted by members; `cells.csv` has each cell with its interval) and for "
+        "learned vs unlearned members, for CRM-LR and the best baseline:",
         "",
         markdown_table(
             by_docs.reset_index().map(lambda v: f"{v:.3f}" if isinstance(v, float) else v)
