@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from tiny_models import tiny_llama
 
 from plantbench import facts, tokenizer
 from plantbench.errors import ConfigError
@@ -283,24 +284,7 @@ def test_a_prompt_the_window_cannot_answer_is_refused_and_budgets_cap_the_rest(g
 
 
 def _tiny_llama():
-    from plantbench.modeling import build_model, llama_config
-
-    conf = llama_config(
-        {
-            "n_embd": 32,
-            "intermediate": 64,
-            "n_layer": 2,
-            "n_head": 2,
-            "tie_embeddings": True,
-            "rope_theta": 10000.0,
-        },
-        vocab_size=40,
-        window=64,
-        bos=tokenizer.BOS_ID,
-        eos=tokenizer.EOS_ID,
-        pad=tokenizer.PAD_ID,
-    )
-    return build_model(conf, seed=3).eval()
+    return tiny_llama(n_layer=2, vocab=40, window=64, seed=3)
 
 
 def _naive_greedy(model, prompt, limit, stops):

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 import torch
 from test_report_html import chromium
+from tiny_models import tiny_llama
 
 from plantbench import config, facts, tokenizer
 from plantbench.errors import ConfigError
@@ -142,24 +143,7 @@ def test_bad_membership_settings_fail_with_one_line_naming_the_key(grid):
 
 
 def _tiny_llama(window=64, vocab=300):
-    from plantbench.modeling import build_model, llama_config
-
-    conf = llama_config(
-        {
-            "n_embd": 32,
-            "intermediate": 64,
-            "n_layer": 3,
-            "n_head": 2,
-            "tie_embeddings": True,
-            "rope_theta": 10000.0,
-        },
-        vocab_size=vocab,
-        window=window,
-        bos=tokenizer.BOS_ID,
-        eos=tokenizer.EOS_ID,
-        pad=tokenizer.PAD_ID,
-    )
-    return build_model(conf, seed=4).eval()
+    return tiny_llama(n_layer=3, vocab=vocab, window=window, seed=4)
 
 
 def test_batched_last_states_equal_each_prompt_alone():

@@ -86,33 +86,38 @@ def per_response(data: dict[str, Any], st: Settings) -> pd.DataFrame:
     )
 
 
-def _mean_ci(sub: pd.DataFrame, col: str, st: Settings, tag: str) -> tuple[float, float, float]:
-    """The mean of ``col`` (NaN skipped) and its 95% interval over facts within cells."""
+def _mean_ci(sub: pd.DataFrame, col: str, idx: np.ndarray) -> tuple[float, float, float]:
+    """The mean of ``col`` (NaN skipped) and its 95% interval over the resamples ``idx``."""
     v = sub[col].to_numpy(dtype=np.float64)
     if not np.isfinite(v).any():
         return np.nan, np.nan, np.nan
-    idx = study_metrics.resample_within_cells(sub, "cell", st.bootstrap, seed=st.seed, tag=tag)
     with np.errstate(invalid="ignore"):
         boot = np.nanmean(np.where(np.isfinite(v[idx]), v[idx], np.nan), axis=1)
     return (float(np.nanmean(v)), *study_metrics.percentile_interval(boot))
 
 
-def _groups(per: pd.DataFrame, st: Settings) -> list[tuple[str, str, pd.DataFrame]]:
-    return [
-        (role, cond, per[(per["role"] == role) & (per["condition"] == cond)])
-        for role in ROLES
-        for cond in st.conditions
-    ]
+def _groups(per: pd.DataFrame, st: Settings) -> list[tuple[str, str, pd.DataFrame, np.ndarray]]:
+    """Per role and condition: its responses and their resamples of facts within cells (the
+    same resamples for every column of the group)."""
+    out = []
+    for role in ROLES:
+        for cond in st.conditions:
+            sub = per[(per["role"] == role) & (per["condition"] == cond)]
+            idx = study_metrics.resample_within_cells(
+                sub, "cell", st.bootstrap, seed=st.seed, tag=f"grounding/{role}/{cond}"
+            )
+            out.append((role, cond, sub, idx))
+    return out
 
 
 def ck_by_condition(per: pd.DataFrame, st: Settings) -> pd.DataFrame:
     rows = []
-    for role, cond, sub in _groups(per, st):
+    for role, cond, sub, idx in _groups(per, st):
         row: dict[str, Any] = {"role": role, "condition": cond, "responses": len(sub)}
         row["empty"] = int((sub["n_atoms"] == 0).sum())
         row["atoms_per_response"] = float(sub.loc[sub["n_atoms"] > 0, "n_atoms"].mean())
         for col in ("ck", *[f"pk_{k}" for k in KINDS]):
-            m, lo, hi = _mean_ci(sub, col, st, f"grounding/{role}/{cond}")
+            m, lo, hi = _mean_ci(sub, col, idx)
             row |= {col: m, f"{col}_lo": lo, f"{col}_hi": hi}
         row["pk"] = 100.0 - row["ck"]
         rows.append(row)
@@ -121,9 +126,9 @@ def ck_by_condition(per: pd.DataFrame, st: Settings) -> pd.DataFrame:
 
 def cr_by_segment(per: pd.DataFrame, st: Settings) -> pd.DataFrame:
     rows = []
-    for role, cond, sub in _groups(per, st):
+    for role, cond, sub, idx in _groups(per, st):
         for q in range(st.segments):
-            m, lo, hi = _mean_ci(sub, f"cr_{q}", st, f"grounding/{role}/{cond}")
+            m, lo, hi = _mean_ci(sub, f"cr_{q}", idx)
             rows.append(
                 {"role": role, "condition": cond, "segment": q, "cr": m, "lo": lo, "hi": hi}
             )
@@ -133,12 +138,10 @@ def cr_by_segment(per: pd.DataFrame, st: Settings) -> pd.DataFrame:
 def answers(per: pd.DataFrame, st: Settings) -> pd.DataFrame:
     """Share of responses naming the fact's entity with the true, the wrong, another answer."""
     rows = []
-    for role, cond, sub in _groups(per, st):
+    for role, cond, sub, idx in _groups(per, st):
         row: dict[str, Any] = {"role": role, "condition": cond, "responses": len(sub)}
         for col in STATES:
-            m, lo, hi = _mean_ci(
-                sub.assign(**{col: sub[col].astype(float)}), col, st, f"grounding/{role}/{cond}"
-            )
+            m, lo, hi = _mean_ci(sub, col, idx)
             row |= {col: m, f"{col}_lo": lo, f"{col}_hi": hi}
         rows.append(row)
     return pd.DataFrame(rows)

@@ -148,11 +148,8 @@ def _main(g: Grader, f: Features, shift: LatentShift, lik: np.ndarray) -> dict[s
     g.cv("direction", "PC1 only", lts[:, :k])
     g.cv("direction", "supervised only", lts[:, k:])
     g.score("baseline", "mean LTS", lts[:, k:].mean(axis=1))
-    g.cv(
-        "baseline",
-        "single-layer LTS",
-        lts[:, [best_layer(lts, k, g.y), k + best_layer(lts, k, g.y)]],
-    )
+    best = best_layer(lts, k, g.y)
+    g.cv("baseline", "single-layer LTS", lts[:, [best, k + best]])
     g.cv("baseline", "raw hidden state", f.hc[:, -1])
     for j, name in enumerate(("PPL", "Zlib-PPL", "Min-K% Prob", "Min-K%++")):
         g.score("likelihood", name, lik[:, j])
@@ -172,16 +169,17 @@ def best_layer(lts: np.ndarray, k: int, y: np.ndarray) -> int:
     return int(np.argmax([abs(auc(y, lts[:, k + j]) - 0.5) for j in range(k)]))
 
 
-def _layers(g: Grader, f: Features, st: Settings, cal: np.ndarray, y: np.ndarray) -> pd.DataFrame:
+def _layers(
+    g: Grader, f: Features, shift: LatentShift, cal: np.ndarray, y: np.ndarray
+) -> pd.DataFrame:
     """AUC per layer: LR on the layer's two LTS (directions fitted on the calibration set)."""
-    rows = []
-    full = LatentShift(0.0).fit(f.d[cal], y[cal].astype(bool))
+    st, rows = g.st, []
     for layer in range(f.d.shape[1]):
         one = LatentShift(-1.0).fit(f.d[cal][:, [layer]], y[cal].astype(bool))
         x = one.transform(f.d[:, [layer]])
         p = oof_scores(x, y, "lr", st.folds, st.cv_seed) if np.any(x) else np.full(len(y), 0.5)
         a, lo, hi = auc_interval(y, p, st.bootstrap, st.seed, f"{g.model}/layer/{layer}")
-        rows.append((g.model, layer, float(full.variance_ratio_[layer]), a, lo, hi))
+        rows.append((g.model, layer, float(shift.variance_ratio_[layer]), a, lo, hi))
     return pd.DataFrame(rows, columns=["model", "layer", "variance_ratio", "auc", "lo", "hi"])
 
 
@@ -288,7 +286,7 @@ def run(cfg: dict[str, Any], paths: Paths, model_name: str, *, threads: int = 1)
     g = Grader(model_name, y, st)
     oof = _main(g, f, shift, lik)
     g.score("crm", "CRM-LR, held-out samples only", oof["crm_lr"][~cal], y[~cal])
-    layers = _layers(g, f, st, cal, y)
+    layers = _layers(g, f, shift, cal, y)
     layers["selected"] = layers["layer"].isin(shift.layers_)
     log.info("membership %s: CRM-LR AUC %.3f; controls", model_name, g.rows[0][4])
     ctx = {"model": model, "tok": tok, "samples": s, "st": st, "encoder": encoder, "features": f}
