@@ -20,9 +20,12 @@ $(STAMP): pyproject.toml constraints.txt
 study: $(STAMP)
 	$(BIN)/snakemake $(SNAKEMAKE_ARGS)
 
-# the tests also compare against peer implementations (the `peers` extra: context-cite)
+# the tests also compare against peer implementations (the `peers` extra: context-cite; and
+# kronfluence, without its dependencies: it requires torchvision, which would pull a CUDA build)
+KRONFLUENCE := kronfluence einconv einops opt_einsum
 $(PEERS): $(STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,peers]'
+	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt $(KRONFLUENCE)
 	@touch $(PEERS)
 
 test: $(PEERS)

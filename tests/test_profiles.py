@@ -18,6 +18,7 @@ GPU_RULES = {
     "grads_queries",
     "hidden",
     "embed",
+    "ekfac",
     "fidelity",
     "context_attribute",
     "grounding_respond",

@@ -210,6 +210,15 @@ def cmd_score(args: argparse.Namespace) -> None:
     print(f"scores {args.method} {args.model} {meta['hash']}")
 
 
+def cmd_ekfac(args: argparse.Namespace) -> None:
+    from . import ekfac
+
+    cfg = _load_cfg(args)
+    meta = ekfac.run(cfg, Paths(cfg), args.model, threads=args.threads)
+    info = meta["info"]
+    print(f"ekfac {args.model} {info['n_queries']} x {info['n_pool']} {meta['hash']}")
+
+
 def cmd_fidelity(args: argparse.Namespace) -> None:
     from . import fidelity
 
@@ -407,6 +416,7 @@ THREADED = (
     "hidden",
     "embed",
     "score",
+    "ekfac",
     "fidelity",
     "causal",
     "bench",
@@ -424,6 +434,7 @@ PER_MODEL = (
     "hidden",
     "embed",
     "score",
+    "ekfac",
     "fidelity",
     "context-attribute",
     "grounding-respond",
@@ -549,6 +560,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "embed": (cmd_embed, "text-encoder embeddings of pool windows and queries"),
     "methods": (cmd_methods, "list the registered attribution methods"),
     "score": (cmd_score, "score every query against a model's pool with one method"),
+    "ekfac": (cmd_ekfac, "fit EK-FAC on the pool at the final checkpoint; score every query"),
     "fidelity": (
         cmd_fidelity,
         "grade each gradient method against exact, unprojected gradient products on a subset",

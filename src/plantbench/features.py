@@ -757,6 +757,8 @@ def feature_files(cfg: dict[str, Any], model: str, needs: Sequence[str]) -> list
             files = [p.curvature(model, final_checkpoint(cfg))]
         elif need == "curvature_tracin":
             files = [p.curvature(model, c) for c in tracin_checkpoints(cfg)]
+        elif need == "ekfac":
+            files = [p.ekfac(model) / io.META]
         else:
             raise ConfigError(f"unknown feature need '{need}'")
         out += [str(f) for f in files if str(f) not in out]

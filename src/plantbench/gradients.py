@@ -459,6 +459,23 @@ def full_grads(
     return out
 
 
+def module_io(
+    model: torch.nn.Module,
+    module_names: Sequence[str],
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+    *,
+    require_eager: bool = True,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Per named linear its inputs ``x`` ``[n, T, in]`` and output gradients ``delta``
+    ``[n, T, out]`` of the summed per-example losses, from one forward and one backward (no
+    weight gradient formed): ``G_n = sum_t delta_{n,t} x_{n,t}^T`` is the example's gradient."""
+    _check_inputs(model, input_ids, loss_mask, attention_mask, require_eager)
+    return _capture(model, module_names, input_ids, loss_mask, attention_mask, dtype, {})
+
+
 def dense_projections(
     projector: Projector, dtype: torch.dtype = torch.float64, device: Any = "cpu"
 ) -> dict[str, torch.Tensor]:

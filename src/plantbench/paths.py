@@ -81,6 +81,9 @@ class Paths:
     def curvature(self, model: str, checkpoint: str) -> Path:
         return self.features(model) / "curvature" / checkpoint / "curvature.npz"
 
+    def ekfac(self, model: str) -> Path:
+        return self.features(model) / "ekfac"
+
     def hidden(self, model: str) -> Path:
         return self.features(model) / "hidden"
 

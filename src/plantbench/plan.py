@@ -226,6 +226,8 @@ def plan(cfg: dict[str, Any], query_tokens: int = 32) -> list[Stage]:
             disk_bytes=nm * k_tr * cov * 8 * 2,
         )
     )
+    if "ekfac" in cfg["methods"]["enabled"]:
+        out.append(_ekfac_stage(s, nm, n_pool, n_queries))
     h_tok = nm * (n_pool * W + n_queries * query_tokens)
     out.append(
         Stage(
@@ -271,6 +273,24 @@ def plan(cfg: dict[str, Any], query_tokens: int = 32) -> list[Stage]:
     )
     out.append(Stage("analysis+report", 2, "AP, correlations, bootstrap, figures", disk_bytes=5e7))
     return out
+
+
+def _ekfac_stage(s: Shape, nm: int, n_pool: int, n_queries: int) -> Stage:
+    """EK-FAC (:mod:`plantbench.ekfac`): three passes over the pool at the final checkpoint
+    (Kronecker factors, corrected eigenvalues, scores), full weight gradients, never stored."""
+    d, f, p = s.width, s.intermediate, s.block_linear_params
+    squares = s.n_layer * (8 * d * d + 3 * (d * d + f * f))  # sum over modules of in^2 + out^2
+    per_token = 3 * s.grad_flops_per_token() + 4 * squares + 4 * p  # + grams, rotations, G x 2
+    tokens = nm * 3 * n_pool * s.window
+    return Stage(
+        "ekfac",
+        nm,
+        f"{nm} models x 3 passes over {n_pool:,} windows, {p:,} weights unprojected",
+        tokens=tokens,
+        flops=nm * n_pool * s.window * per_token + nm * 2 * n_pool * n_queries * p,
+        gpu=True,
+        disk_bytes=nm * n_pool * n_queries * 8,
+    )
 
 
 def _si(x: float) -> str:

@@ -163,7 +163,7 @@ def _step_of(p: list[str]) -> Step | None:
     if len(p) == 2 and p[1] in MODELS and p[0] in ("models", "pool"):
         stage = "pretrain" if p[0] == "models" else "pool"
         return Step(stage, stage, f" --model {p[1]}", stage)
-    if len(p) == 3 and p[0] == "features" and p[2] in ("hidden", "embed"):
+    if len(p) == 3 and p[0] == "features" and p[2] in ("hidden", "embed", "ekfac"):
         return Step(p[2], p[2], f" --model {p[1]}", p[2])
     if len(p) == 3 and p[0] == "scores":
         return Step("scores", "score", f" --method {p[1]} --model {p[2]}", "score")

@@ -1,7 +1,7 @@
 # Pool, features (gradients per checkpoint and shard, curvature, hidden states, embeddings)
 # and per-method scoring. all_scores(), the shard and checkpoint lists and the method -> feature
 # files map (method_inputs) are in attribution_common.smk.
-# GPU: grads_pool, grads_queries, hidden, embed and fidelity want a GPU on a cluster (the
+# GPU: grads_pool, grads_queries, hidden, embed, ekfac and fidelity want a GPU on a cluster (the
 # requests live in profiles/slurm under set-resources); pool, curvature and score are CPU-only.
 
 
@@ -201,6 +201,34 @@ rule score:
 
 
 # GPU
+# GPU
+rule ekfac:
+    input:
+        pool=rules.pool.output.meta,
+        facts=f"{R}/facts/meta.json",
+        tokenizer=rules.tokenizer.output.meta,
+        model=f"{RR}models/{{model}}/meta.json",
+    output:
+        f"{FEAT}/{{model}}/ekfac/meta.json",
+    log:
+        rlog_of("ekfac_{model}"),
+    benchmark:
+        rbench_of("ekfac_{model}")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        run_config=RUN_CONFIG,
+        mem_mb=lambda wc, attempt: 4000 * attempt,
+        runtime=lambda wc, attempt: 60 * attempt,
+    params:
+        replicate=replicate_of,
+        sections=sections("ekfac"),
+        plantbench=PLANTBENCH,
+    shell:
+        "{params.plantbench} ekfac -c {resources.run_config:q} --replicate {params.replicate} --model {wildcards.model} --threads {threads} 2> {log:q}"
+
+
 rule fidelity:
     input:
         pool=rules.pool.output.meta,

@@ -154,6 +154,30 @@ class Context:
             )
         return self.cache[key]
 
+    def ekfac(self) -> np.ndarray:
+        """EK-FAC scores ``[n_queries, n_pool]`` (the ``ekfac`` feature step), checked."""
+        if "_ekfac" not in self.cache:
+            from .. import ekfac
+
+            s, meta = ekfac.load_scores(
+                self.paths,
+                self.model,
+                pool_hash=self.pool_meta["hash"],
+                facts_hash=self.facts_meta["hash"],
+                query_ids=self.query_ids,
+            )
+            if meta["info"]["checkpoint"] != self.final or s.shape != (
+                self.n_queries,
+                self.n_pool,
+            ):
+                raise ArtifactError(
+                    f"'{self.paths.ekfac(self.model)}' does not hold the final checkpoint's "
+                    "scores of these queries and pool; rerun the ekfac step"
+                )
+            self.cache["_ekfac"] = s
+            self.inputs["ekfac"] = meta["hash"]
+        return self.cache["_ekfac"]
+
     def tracin(self) -> list[tuple[str, float]]:
         """(checkpoint, learning rate of the update that produced it) for TracIn."""
         if "_tracin" not in self.cache:
@@ -183,3 +207,5 @@ class Context:
             elif need == "curvature_tracin":
                 for c, _ in self.tracin():
                     self.curvature(c)
+            elif need == "ekfac":
+                self.ekfac()
