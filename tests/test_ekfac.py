@@ -183,3 +183,11 @@ def test_scores_agree_with_kronfluence_ekfac(model64, batch, windows, fitted, tm
     pre = ekfac.preconditioned_queries(model64, fitted, batch, torch.float64)
     ours = ekfac.scores(model64, pre, ekfac.window_batches(windows, 4), len(windows), torch.float64)
     np.testing.assert_allclose(peer, ours, rtol=1e-9, atol=1e-12 * np.abs(peer).max())
+
+
+def test_query_chunks_do_not_change_the_scores(model64, batch, windows, fitted):  # noqa: F811
+    n_params = sum(int(v.numel()) for v in fitted.lam.values())
+    assert ekfac.query_chunks(5, n_params, 4 * n_params * 2) == [(0, 2), (2, 4), (4, 5)]
+    one = ekfac.chunked_scores(model64, fitted, batch, windows, 4)
+    many = ekfac.chunked_scores(model64, fitted, batch, windows, 3, budget=4 * n_params * 2)
+    np.testing.assert_allclose(many, one, rtol=1e-5, atol=1e-6 * np.abs(one).max())

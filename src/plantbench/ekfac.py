@@ -49,6 +49,7 @@ from .paths import Paths
 log = logging.getLogger(__name__)
 
 SCORES_NPY = "scores.npy"
+MEMORY_BYTES = 3 << 30  # preconditioned float32 query gradients held at once (3 GiB)
 Progress = Callable[[int], None] | None
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
@@ -235,6 +236,36 @@ def scores(
     return out
 
 
+def query_chunks(n_q: int, n_params: int, budget: int = MEMORY_BYTES) -> list[tuple[int, int]]:
+    """Query ranges whose preconditioned float32 gradients fit in ``budget`` bytes: one scoring
+    pass over the pool per range (one at the default size; many at the paper size)."""
+    step = max(1, budget // (4 * n_params))
+    return [(s, min(s + step, n_q)) for s in range(0, n_q, step)]
+
+
+def chunked_scores(
+    net: torch.nn.Module,
+    ek: EKFAC,
+    queries_batch: Batch,
+    windows: np.ndarray,
+    batch: int,
+    *,
+    budget: int = MEMORY_BYTES,
+    what: str = "ekfac",
+) -> np.ndarray:
+    """Every query's scores against every window, the queries in :func:`query_chunks`."""
+    ids, mask, attn = queries_batch
+    n_params = sum(int(v.numel()) for v in ek.lam.values())
+    chunks = query_chunks(ids.shape[0], n_params, budget)
+    out = np.zeros((ids.shape[0], len(windows)), dtype=np.float64)
+    for c, (a, b) in enumerate(chunks):
+        part = (ids[a:b], mask[a:b], None if attn is None else attn[a:b])
+        pre = preconditioned_queries(net, ek, part)
+        prog = features.Progress(f"{what} scores (queries {c + 1}/{len(chunks)})", len(windows))
+        out[a:b] = scores(net, pre, window_batches(windows, batch), len(windows), progress=prog)
+    return out
+
+
 # --------------------------------------------------------------------------- the stage
 
 
@@ -275,9 +306,7 @@ def run(
         progress=lambda what: features.Progress(f"ekfac {model} {what}", n),
     )
     t1 = time.time()
-    pre = preconditioned_queries(net, ek, _query_batch(paths, qs))
-    prog = features.Progress(f"ekfac {model} scores", n)
-    out = scores(net, pre, window_batches(windows, batch), n, progress=prog)
+    out = chunked_scores(net, ek, _query_batch(paths, qs), windows, batch, what=f"ekfac {model}")
     seconds = {"fit": round(t1 - t0, 3), "scores": round(time.time() - t1, 3)}
     if not np.isfinite(out).all():
         raise ArtifactError(f"EK-FAC scores of model {model} are not finite; check the model")

@@ -32,6 +32,7 @@ from typing import Any
 
 from . import in_context
 from . import pool as pool_mod
+from .ekfac import query_chunks
 from .features import n_shards, tracin_checkpoints
 from .paths import MODELS
 from .pretrain import checkpoint_steps
@@ -276,16 +277,18 @@ def plan(cfg: dict[str, Any], query_tokens: int = 32) -> list[Stage]:
 
 
 def _ekfac_stage(s: Shape, nm: int, n_pool: int, n_queries: int) -> Stage:
-    """EK-FAC (:mod:`plantbench.ekfac`): three passes over the pool at the final checkpoint
-    (Kronecker factors, corrected eigenvalues, scores), full weight gradients, never stored."""
+    """EK-FAC (:mod:`plantbench.ekfac`): passes over the pool at the final checkpoint (Kronecker
+    factors, corrected eigenvalues, then scores once per chunk of queries whose preconditioned
+    gradients fit in :data:`plantbench.ekfac.MEMORY_BYTES`), full weight gradients, never stored."""
     d, f, p = s.width, s.intermediate, s.block_linear_params
     squares = s.n_layer * (8 * d * d + 3 * (d * d + f * f))  # sum over modules of in^2 + out^2
-    per_token = 3 * s.grad_flops_per_token() + 4 * squares + 4 * p  # + grams, rotations, G x 2
-    tokens = nm * 3 * n_pool * s.window
+    passes = 2 + len(query_chunks(n_queries, p))  # factors, eigenvalues, scores per chunk
+    per_token = passes * s.grad_flops_per_token() + 4 * squares + 2 * (passes - 1) * p
+    tokens = nm * passes * n_pool * s.window
     return Stage(
         "ekfac",
         nm,
-        f"{nm} models x 3 passes over {n_pool:,} windows, {p:,} weights unprojected",
+        f"{nm} models x {passes} passes over {n_pool:,} windows, {p:,} weights unprojected",
         tokens=tokens,
         flops=nm * n_pool * s.window * per_token + nm * 2 * n_pool * n_queries * p,
         gpu=True,
