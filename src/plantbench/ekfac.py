@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import features, io, queries, tokenizer
+from . import features, fidelity, io
 from .config import canonical_json
 from .errors import ArtifactError
 from .gradients import module_io
@@ -270,10 +270,7 @@ def chunked_scores(
 
 
 def _query_batch(paths: Paths, qs: pd.DataFrame) -> Batch:
-    tok = tokenizer.load(paths.tokenizer)
-    ids, attn, ans = queries.pad_batch(
-        queries.encode(tok, qs["prompt"].tolist(), qs["answer"].tolist())
-    )
+    ids, attn, ans = fidelity.query_batch(paths, qs)
     return ids, ans, attn
 
 
@@ -290,7 +287,7 @@ def run(
     cfg: dict[str, Any], paths: Paths, model: str, *, threads: int | None = None
 ) -> dict[str, Any]:
     """Fit EK-FAC on the pool at the final checkpoint and score every query against it."""
-    torch.set_num_threads(max(1, int(threads or 1)))
+    features._threads(threads)
     stream, table, pmeta = features._stream_and_pool(paths, model)
     qs, fmeta = features._queries_table(paths)
     entry = features.checkpoint_entry(paths, model, features.final_checkpoint(cfg))

@@ -308,7 +308,8 @@ def _stats(v: np.ndarray, missing: float | None) -> dict[str, float | None]:
     }
 
 
-def _query_batch(paths: Paths, qs: pd.DataFrame) -> tuple[torch.Tensor, ...]:
+def query_batch(paths: Paths, qs: pd.DataFrame) -> tuple[torch.Tensor, ...]:
+    """Every query encoded and padded: ``(ids, attention mask, answer-token loss mask)``."""
     tok = tokenizer.load(paths.tokenizer)
     items = queries.encode(tok, qs["prompt"].tolist(), qs["answer"].tolist())
     return queries.pad_batch(items)
@@ -330,7 +331,7 @@ def run(
     net = features._load_checkpoint(paths, model, entry, attn="eager")
     keys = ctx.pool["window"].to_numpy(np.int64)[rows]
     windows = np.asarray(ctx.stream.windows[keys], dtype=np.int64)
-    batch = _query_batch(paths, ctx.queries)
+    batch = query_batch(paths, ctx.queries)
     n_params = _n_params(net)
     n_chunks = len(_query_chunks(ctx.n_queries, n_params))
     prog = features.Progress(f"fidelity {model} exact", len(rows) * n_chunks)

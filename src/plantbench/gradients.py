@@ -444,10 +444,17 @@ def full_grads(
     backward: ``G_n = sum_t delta_{n,t} x_{n,t}^T`` per module, flattened and concatenated like
     :func:`exact_grads_flat` (``[n, sum_m out_m in_m]``; what that function gives by one
     autograd pass per example, up to floating-point reassociation)."""
-    _check_inputs(model, input_ids, loss_mask, attention_mask, require_eager)
     mods = dict(model.named_modules())
     sizes = [mods[name].weight.numel() for name in module_names]
-    xs, ds = _capture(model, module_names, input_ids, loss_mask, attention_mask, dtype, {})
+    xs, ds = module_io(
+        model,
+        module_names,
+        input_ids,
+        loss_mask,
+        attention_mask,
+        dtype,
+        require_eager=require_eager,
+    )
     n = input_ids.shape[0]
     out = torch.zeros((n, sum(sizes)), dtype=dtype, device=input_ids.device)
     start = 0
