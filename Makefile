@@ -4,9 +4,10 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.plantbench-installed
 PEERS  := $(VENV)/.plantbench-peers-installed
+PEERS_BENCH := $(VENV)/.plantbench-peers-bench-installed
 SNAKEMAKE_ARGS ?=
 
-.PHONY: study test install lint format clean-results
+.PHONY: study test install peers-bench lint format clean-results
 
 install: $(STAMP)
 
@@ -28,7 +29,17 @@ $(PEERS): $(STAMP)
 	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt $(KRONFLUENCE)
 	@touch $(PEERS)
 
-test: $(PEERS)
+# the peer benchmark (`plantbench bench`, group "peers") and its tests: bergson and dattri, also
+# without their dependencies (bergson requires torchvision, torchaudio and bitsandbytes: CUDA
+# builds), plus only the modules bergson imports (all pinned in constraints.txt)
+PEER_BENCH := bergson dattri simple-parsing docstring_parser jaxtyping ml_dtypes peft petname
+peers-bench: $(PEERS_BENCH)
+
+$(PEERS_BENCH): $(STAMP)
+	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt $(PEER_BENCH)
+	@touch $(PEERS_BENCH)
+
+test: $(PEERS) $(PEERS_BENCH)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)

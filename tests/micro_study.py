@@ -34,6 +34,7 @@ MICRO = {
     },
     "pool": {"random_windows": 20},
     "features": {
+        "grad_dims": 48,
         "grad_k_in": 4,
         "grad_k_out": 2,
         "batch_windows": 8,

@@ -79,11 +79,23 @@ def test_projection_fidelity_grows_with_the_projection_and_is_one_for_the_exact_
     exact = fidelity.exact_products(model64, windows.numpy(), (ids, attn, loss_mask))
     assert np.allclose(fidelity.spearman_rows(exact.dot, exact.dot), 1.0)
     sweep, seconds = fidelity.projection_sweep(
-        model64, windows.numpy(), (ids, attn, loss_mask), exact, 4, (1, 8, 128), batch=16
+        model64,
+        windows.numpy(),
+        (ids, attn, loss_mask),
+        exact,
+        4,
+        (1, 8, 128),
+        batch=16,
+        sketch_sizes=(16, 4096),
     )
-    assert list(sweep.columns) == fidelity.SWEEP_COLUMNS and set(seconds) == {"1", "8", "128"}
+    assert list(sweep.columns) == fidelity.SWEEP_COLUMNS
+    assert set(seconds) == {"logra 1", "logra 8", "logra 128", "sketch 16", "sketch 4096"}
+    assert sweep["projection"].tolist() == ["logra"] * 3 + ["sketch"] * 2
     rhos = sweep["mean"].to_numpy()
     assert rhos[0] < rhos[1] < rhos[2] and rhos[2] > 0.9, rhos
+    assert rhos[3] < rhos[4] and rhos[4] > 0.9, rhos  # the sketch tends to the exact dot too
+    assert sweep["dims"].tolist()[3:] == [16, 4096]
+    sweep = sweep.iloc[:3]
     # the k = 8 row is the projected dot product's own agreement with the exact one
     proj = Projector.from_model(model64, seed=4, k_in=8, k_out=8)
     pq = projected_grads(model64, proj, ids, loss_mask, attn, dtype=torch.float32)

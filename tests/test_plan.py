@@ -27,7 +27,9 @@ def test_paper_preset_numbers(paper: dict) -> None:
     assert t["steps"] * t["batch_windows"] * paper["stream"]["window"] == 4_999_872_512  # 5.00B
     assert t["batch_windows"] * paper["stream"]["window"] == 262_144
     assert plan.n_facts(paper) == 528
-    assert plan.grad_dims(paper) == 84 * 13 * 14 == 15_288
+    assert plan.grad_dims(paper) == 15_360  # the seed's, as a count sketch
+    logra = {**paper, "features": {**paper["features"], "projection": "logra"}}
+    assert plan.grad_dims(logra) == 84 * 13 * 14 == 15_288
     s = plan.shape_of(paper)
     assert s.total_params(tied=True) == 110_119_680
 
@@ -87,7 +89,9 @@ def test_disk_and_job_counts(paper: dict) -> None:
     grads = _stage(stages, "grads")
     n_pool = 11_220 + 1_056 + 100_000
     assert grads.jobs == 2 * 4 * (14 + 1)
-    assert grads.disk_bytes == 2 * 4 * (n_pool + 1_056) * 15_288 * 2  # float16
+    assert grads.disk_bytes == 2 * 4 * (n_pool + 1_056) * 15_360 * 2  # float16
+    curv = _stage(stages, "curvature")
+    assert curv.disk_bytes == 2 * 4 * 15_360**2 * 8 * 2  # a sketch is one block
     pre = _stage(stages, "pretrain")
     assert pre.disk_bytes == 2 * (11 * 110_119_680 * 4 + 110_119_680 * 16)
 

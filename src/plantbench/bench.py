@@ -22,6 +22,15 @@ of several timed repeats.
   unstructured seeded Rademacher ``[P, D]`` matrix, regenerated per batch or held; LoGra's peak
   memory at 1x and 2x width; the flop model). A LoGra row's reference is the baseline it is
   compared with (ratio = LoGra's rate over the baseline's, or its memory over the baseline's).
+  With ``features.projection: sketch`` (the default) also the count sketch's windows/s against
+  LoGra's and its peak memory at 1x and 2x width (``sketch`` and ``scaling`` rows).
+* ``peers``: :func:`plantbench.bench_peers.run_peers`: featurization windows/s and peak memory of
+  ours (:func:`plantbench.gradients.projected_grads`) against bergson's and dattri's own
+  per-example projected-gradient featurizers at the same ``D``, on twin A's final checkpoint and
+  first pool windows when ``{results}`` holds a finished study (else a fresh model on random
+  tokens), each tool in its own process, taking turns over the rounds. A ``ours vs <peer>`` row's
+  reference is the peer's value (ratio = ours over the peer's). A peer that is not installed (an
+  optional extra: ``make peers-bench``) is logged and has no rows.
 * ``scoring``: pairs/s of every enabled method on a finished study's features (model A, the
   configured tiles), when ``{results}`` holds one; and the tile engine
   (:func:`plantbench.scoring.score_tiled`, dot products of synthetic vectors read tile by tile from
@@ -460,6 +469,7 @@ def _feature_rows(cfg: dict[str, Any], thr: int, quick: bool) -> list:
         vocab=int(cfg["tokenizer"]["vocab_size"]),
         window=int(cfg["stream"]["window"]),
         repeats=2 if quick else 3,
+        sketch_dims=int(f["grad_dims"]) if f["projection"] == "sketch" else None,
     )
     return [
         _row("features", f"{r['stage']}: {r['what']}", r["value"], r["unit"], r["reference"])
@@ -467,14 +477,17 @@ def _feature_rows(cfg: dict[str, Any], thr: int, quick: bool) -> list:
     ]
 
 
+def _peer_rows(cfg: dict[str, Any], paths: Paths, thr: int, quick: bool) -> list:
+    from .bench_peers import run_peers
+
+    return run_peers(cfg, paths, threads=thr, quick=quick)
+
+
 def _tile_rows(cfg: dict[str, Any], thr: int, quick: bool) -> list:
+    from .features import grad_dims
+
     sc = cfg["scoring"]
-    dim = (
-        int(cfg["features"]["grad_k_in"])
-        * int(cfg["features"]["grad_k_out"])
-        * 7
-        * int(cfg["model"]["n_layer"])
-    )
+    dim = grad_dims(cfg, 7 * int(cfg["model"]["n_layer"]))
     n_q = 2 * int(sc["query_block"])
     rows = []
     for n_pool in (8192, 32768) if quick else (16384, 131072):
@@ -596,6 +609,8 @@ def run(
         rows += _pretrain_rows(cfg, thr, quick, out_dir, (peak, peak_cpu))
     if "features" not in skip:
         rows += _feature_rows(cfg, thr, quick)
+    if "peers" not in skip:
+        rows += _peer_rows(cfg, paths, thr, quick)
     if "scoring" not in skip:
         rows += _tile_rows(cfg, thr, quick)
         if _study_ready(cfg):

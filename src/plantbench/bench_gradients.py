@@ -249,16 +249,21 @@ def _child(job: dict[str, Any]) -> dict[str, Any]:
 
     from .gradients import Projector
     from .modeling import build_model, llama_config
+    from .sketch import Sketch
 
     torch.set_num_threads(job["threads"])
     cfg = llama_config(job["model"], job["vocab"], job["window"], bos=0, eos=1, pad=2, attn="eager")
     model = build_model(cfg, 0).eval()
-    proj = Projector.from_model(model, seed=1, k_in=job["k_in"], k_out=job["k_out"])
+    proj: Projector | Sketch = (
+        Sketch.from_model(model, seed=1, dims=job["dims"])
+        if job["kind"] == "sketch"
+        else Projector.from_model(model, seed=1, k_in=job["k_in"], k_out=job["k_out"])
+    )
     mods = dict(model.named_modules())
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(3, job["vocab"], (job["n"], job["window"]), generator=g)
     mask = torch.ones_like(ids, dtype=torch.bool)
-    route = {"logra": _logra, "kron": _kron, "dense": _dense}[job["kind"]]
+    route = {"logra": _logra, "sketch": _logra, "kron": _kron, "dense": _dense}[job["kind"]]
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "linear_params": sum(mods[n].weight.numel() for n in proj.module_names),
@@ -298,6 +303,7 @@ def run_benchmark(
     window: int = 128,
     config_path: str | Path | None = None,
     repeats: int = 3,
+    sketch_dims: int | None = None,
 ) -> list[dict[str, Any]]:
     """Time the three routes; rows ``{stage, what, value, unit, reference, ratio}`` with
     ``ratio = value / reference`` where a row compares with another measurement (LoGra's rate
@@ -315,8 +321,14 @@ def run_benchmark(
     lg2 = _run_child(
         {**common, "model": wide, "kind": "logra", "n": batch, "batch": batch, "repeats": 1}
     )
+    sketch = (
+        []
+        if sketch_dims is None
+        else _sketch_rows(common, wide, windows, batch, window, int(sketch_dims), lg, lg2)
+    )
     return (
-        _setup_rows(mcfg, vocab, window, k_in, k_out, threads, lg)
+        sketch
+        + _setup_rows(mcfg, vocab, window, k_in, k_out, threads, lg)
         + _route_rows(lg, kr, de, windows, exact_windows, batch, window)
         + _scaling_rows(mcfg, wide, lg, lg2, exact_windows, batch)
         + _flop_rows(mcfg, vocab, window, k_in, k_out, exact_windows)
@@ -325,6 +337,38 @@ def run_benchmark(
             _row("check", "exact+dense |G R| / |G| (norm kept: ~1)", de["norm_ratio"], ""),
         ]
     )
+
+
+def _sketch_rows(
+    common: dict[str, Any],
+    wide: dict[str, Any],
+    windows: int,
+    batch: int,
+    window: int,
+    dims: int,
+    lg: dict[str, Any],
+    lg2: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """The count sketch (the default projection) against LoGra: windows/s, and peak memory at
+    the configured width and at twice the width (the same jobs as LoGra's)."""
+    base = {**common, "kind": "sketch", "dims": dims, "batch": batch}
+    sk = _run_child({**base, "n": windows})
+    sk2 = _run_child({**base, "model": wide, "n": batch, "repeats": 1})
+    wps = windows / sk["seconds"]
+    tag = f"D={dims}, batch {batch}, {windows} windows"
+    return [
+        _row("sketch", f"windows/s ({tag})", wps, "windows/s"),
+        _row("sketch", "tokens/s", wps * window, "tokens/s"),
+        _row("sketch", f"windows/s vs logra (D={lg['dims']})", wps, "windows/s",
+             windows / lg["seconds"]),
+        _row("sketch", "peak RSS increase vs logra", sk["peak_mb"], "MiB", lg["peak_mb"]),
+        _row("scaling", f"sketch peak RSS increase, batch {batch}, width "
+             f"{common['model']['n_embd']}, measured", sk["peak_mb"], "MiB"),
+        _row("scaling", f"sketch peak RSS increase, batch {batch}, width {wide['n_embd']}, "
+             "measured (vs the configured width)", sk2["peak_mb"], "MiB", sk["peak_mb"]),
+        _row("scaling", f"sketch vs logra peak RSS increase at width {wide['n_embd']}",
+             sk2["peak_mb"], "MiB", lg2["peak_mb"]),
+    ]  # fmt: skip
 
 
 def _setup_rows(

@@ -527,7 +527,7 @@ def _opts_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--skip",
         action="append",
-        choices=["pretrain", "features", "scoring", "server"],
+        choices=["pretrain", "features", "peers", "scoring", "server"],
         help="leave out one group of measurements (repeatable)",
     )
 

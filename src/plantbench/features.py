@@ -12,9 +12,11 @@ Layout under ``{results}/features/{model}/`` (see :class:`plantbench.paths.Paths
     hidden/{pool,queries}.npy + meta.json    final-checkpoint hidden states (float32)
     embed/{pool,queries}.npy + meta.json     text-encoder embeddings (float32)
 
-Gradients (:mod:`plantbench.gradients`): LoGra projection of every linear layer in the
-transformer blocks, ``k_out x k_in = features.grad_k_out x features.grad_k_in`` per layer,
-projection seed ``derive_seed(seed, "logra-projection")``. Models are loaded with the eager (math)
+Gradients (:mod:`plantbench.gradients`): every linear layer in the transformer blocks,
+``features.projection`` = ``sketch`` (default: a count sketch of the exact per-example gradients
+into ``features.grad_dims`` shared dimensions, :mod:`plantbench.sketch`) or ``logra`` (``k_out x
+k_in = features.grad_k_out x features.grad_k_in`` per layer), projection seed
+``derive_seed(seed, "logra-projection")``. Models are loaded with the eager (math)
 attention kernel so a window's gradient does not depend on its batch or shard. Checkpoints:
 ``features.tracin_checkpoints`` of the model's checkpoints, evenly spaced, the last included
 (:func:`tracin_checkpoints`); the last one is the "final" checkpoint that gradient dot/cosine
@@ -74,7 +76,6 @@ from .gradients import (
     SHARD_JSON,
     GradientStore,
     Projector,
-    check_blocks_nonzero,
     extract_to_shard,
     shard_identity,
 )
@@ -83,6 +84,7 @@ from .modeling import load_model
 from .paths import Paths
 from .pretrain import checkpoint_names
 from .rng import derive_seed
+from .sketch import Sketch
 from .stream import Stream, open_stream
 
 log = logging.getLogger(__name__)
@@ -124,11 +126,24 @@ def shard_range(cfg: dict[str, Any], shard: int, n_pool: int) -> tuple[int, int]
 def _grad_settings(cfg: dict[str, Any]) -> dict[str, Any]:
     f = cfg["features"]
     return {
-        "k_in": int(f["grad_k_in"]),
-        "k_out": int(f["grad_k_out"]),
+        "projection": f["projection"],
+        **(
+            {"dims": int(f["grad_dims"])}
+            if f["projection"] == "sketch"
+            else {"k_in": int(f["grad_k_in"]), "k_out": int(f["grad_k_out"])}
+        ),
         "dtype": f["grad_dtype"],
         "projection_seed": projection_seed(cfg),
     }
+
+
+def grad_dims(cfg: dict[str, Any], n_modules: int) -> int:
+    """Projected gradient dimensions: ``features.grad_dims`` for a sketch, ``n_modules x k_out x
+    k_in`` for LoGra."""
+    f = cfg["features"]
+    if f["projection"] == "sketch":
+        return int(f["grad_dims"])
+    return n_modules * int(f["grad_k_in"]) * int(f["grad_k_out"])
 
 
 # --------------------------------------------------------------------------- helpers
@@ -241,7 +256,7 @@ def pool_texts(stream: Stream, table: pd.DataFrame, tok: Any, chunk: int = 1024)
 
 def _identity(
     cfg: dict[str, Any],
-    projector: Projector,
+    projector: Projector | Sketch,
     model: str,
     entry: dict[str, Any],
     stream_hash: str,
@@ -263,9 +278,14 @@ def _identity(
     return {**ident, "checkpoint_hash": entry["hash"], "stream_hash": stream_hash, **sources}
 
 
-def _projector(cfg: dict[str, Any], net: torch.nn.Module) -> Projector:
+def _projector(cfg: dict[str, Any], net: torch.nn.Module) -> Projector | Sketch:
+    """The configured projection of ``net``'s block linears (``features.projection``)."""
     s = _grad_settings(cfg)
-    proj = Projector.from_model(net, s["projection_seed"], k_in=s["k_in"], k_out=s["k_out"])
+    proj: Projector | Sketch
+    if s["projection"] == "sketch":
+        proj = Sketch.from_model(net, s["projection_seed"], s["dims"])
+    else:
+        proj = Projector.from_model(net, s["projection_seed"], k_in=s["k_in"], k_out=s["k_out"])
     proj.check()
     return proj
 
@@ -309,7 +329,7 @@ def grads_pool(
         batch_rows=int(cfg["features"]["batch_windows"]),
         progress=prog,
     )
-    check_blocks_nonzero(GradientStore([where]).rows(0, len(keys)), proj)
+    proj.check_rows(GradientStore([where]).rows(0, len(keys)))
     log.info(
         "grads %s %s shard %d: %d windows in %.1fs -> %s",
         model,
@@ -355,7 +375,7 @@ def grads_queries(
         batch_rows=int(cfg["features"]["batch_windows"]),
         progress=Progress(f"grads {model} {checkpoint} queries", len(qs), unit="queries"),
     )
-    check_blocks_nonzero(GradientStore([where]).rows(0, len(qs)), proj)
+    proj.check_rows(GradientStore([where]).rows(0, len(qs)))
     log.info("grads %s %s: %d queries -> %s", model, checkpoint, len(qs), where)
     return meta
 
@@ -384,6 +404,10 @@ def _check_grad_provenance(
     _expect(p, m, "checkpoint", entry["name"], fix)
     _expect(p, m, "checkpoint_hash", entry["hash"], fix)
     _expect(p, m, "manifest_hash", stream_hash, fix)
+    _expect(p, m, "projection", cfg["features"]["projection"], fix)
+    if m["projection"] == "sketch":
+        _expect(p, m, "dims", int(cfg["features"]["grad_dims"]), fix)
+        return
     k = [[int(x[3]), int(x[4])] for x in m.get("modules", [])]
     want = [int(cfg["features"]["grad_k_out"]), int(cfg["features"]["grad_k_in"])]
     if any(x != want for x in k):

@@ -26,9 +26,10 @@ at most :data:`MEMORY_BYTES`, each chunk paired with every subset window, so the
 backward pass over the subset per chunk.
 
 With ``fidelity.sweep: [k, ...]`` the stage also measures what other projections would keep:
-for each ``k`` the LoGra projection ``k x k`` per module with the study's projection seed,
-computed in float32 on the same subset and queries (``k`` = the study's own size reproduces the
-``grad_dot`` row up to float rounding), its per-query Spearman with the exact dot.
+for each ``k`` the LoGra projection ``k x k`` per module, and with ``fidelity.sketch_sweep: [D,
+...]`` the count sketch (:mod:`plantbench.sketch`) to ``D`` dimensions, each with the study's
+projection seed, computed in float32 on the same subset and queries (the study's own projection
+reproduces the ``grad_dot`` row up to float rounding), its per-query Spearman with the exact dot.
 
 Artifact ``<replicate>/fidelity/<model>/``: ``fidelity.parquet`` (query_id, fact_id, form,
 method, reference, spearman), ``subset.parquet`` (row, window), ``exact.npy`` (float64
@@ -56,6 +57,7 @@ from .gradients import Projector, full_grads, projected_grads
 from .modeling import block_linear_names
 from .paths import Paths
 from .rng import rng
+from .sketch import Sketch
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ MEMORY_BYTES = 3 << 30  # float64 query gradients held at once (3 GiB)
 FILES = ["fidelity.parquet", "subset.parquet", "exact.npy", "sweep.parquet"]
 TABLE_COLUMNS = ["query_id", "fact_id", "form", "method", "reference", "spearman"]
 SWEEP_COLUMNS = [
+    "projection",
     "k_out",
     "k_in",
     "dims",
@@ -99,11 +102,20 @@ def sweep_dims(cfg: dict[str, Any]) -> list[int]:
     return [int(k) for k in cfg.get("fidelity", {}).get("sweep", [])]
 
 
+def sketch_sweep_dims(cfg: dict[str, Any]) -> list[int]:
+    """Count-sketch sizes ``D`` the sweep measures (default none)."""
+    return [int(k) for k in cfg.get("fidelity", {}).get("sketch_sweep", [])]
+
+
 def fidelity_config_hash(cfg: dict[str, Any]) -> str:
     """The settings the stage reads: features, curvature, the gradient methods it grades and
     the subset and sweep sizes (the section is optional: its defaults are hashed when absent)."""
     picked = {k: cfg[k] for k in ("features", "curvature")}
-    fid = {"windows": n_windows(cfg), "sweep": sweep_dims(cfg)}
+    fid = {
+        "windows": n_windows(cfg),
+        "sweep": sweep_dims(cfg),
+        "sketch_sweep": sketch_sweep_dims(cfg),
+    }
     return config_hash({**picked, "fidelity": fid, "methods": gradient_methods(cfg)})
 
 
@@ -199,30 +211,40 @@ def projection_sweep(
     *,
     dtype: torch.dtype = torch.float32,
     batch: int = 16,
+    sketch_sizes: Sequence[int] = (),
 ) -> tuple[pd.DataFrame, dict[str, float]]:
     """What the gradient dot product would keep at other projections: for each ``k`` in
-    ``sizes`` the LoGra projection ``k x k`` per module (the study's seed), its per-query
-    Spearman with the exact dot over the subset; and the seconds each took."""
+    ``sizes`` the LoGra projection ``k x k`` per module and for each ``D`` in ``sketch_sizes``
+    the count sketch to ``D`` dims (the study's seed), its per-query Spearman with the exact dot
+    over the subset; and the seconds each took (keys ``logra k`` / ``sketch D``)."""
     ids, attn, ans = query_batch
     tokens = torch.as_tensor(windows, dtype=torch.long)
     ones = torch.ones_like(tokens, dtype=torch.bool)
     rows, seconds = [], {}
-    for k in sizes:
+    runs: list[tuple[str, int]] = [("logra", k) for k in sizes]
+    runs += [("sketch", d) for d in sketch_sizes]
+    for kind, k in runs:
         t0 = time.time()
-        proj = Projector.from_model(net, seed, k_in=k, k_out=k)
+        proj: Projector | Sketch = (
+            Sketch.from_model(net, seed, k)
+            if kind == "sketch"
+            else Projector.from_model(net, seed, k_in=k, k_out=k)
+        )
         pw = _projected(net, proj, tokens, ones, None, dtype, batch)
         pq = _projected(net, proj, ids, ans, attn, dtype, batch)
         rho = spearman_rows(pq.double().numpy() @ pw.double().numpy().T, exact.dot)
+        kk = None if kind == "sketch" else k
         rows.append(
             {
-                "k_out": k,
-                "k_in": k,
+                "projection": kind,
+                "k_out": kk,
+                "k_in": kk,
                 "dims": proj.dims,
                 "store_bytes_per_window": proj.dims * dtype.itemsize,
                 **_stats(rho, missing=np.nan),
             }
         )
-        seconds[str(k)] = round(time.time() - t0, 3)
+        seconds[f"{kind} {k}"] = round(time.time() - t0, 3)
     return pd.DataFrame(rows, columns=SWEEP_COLUMNS), seconds
 
 
@@ -349,6 +371,7 @@ def run(
         features.projection_seed(cfg),
         sweep_dims(cfg),
         batch=int(cfg["features"]["batch_windows"]),
+        sketch_sizes=sketch_sweep_dims(cfg),
     )
     out = paths.fidelity(model)
     with io.atomic_dir(out) as tmp:
@@ -370,8 +393,10 @@ def run(
                 "n_queries": int(ctx.n_queries),
                 "n_params": n_params,
                 "projected_dims": int(ctx.query_grads(ctx.final).shape[1]) if methods else 0,
+                "projection": cfg["features"]["projection"],
                 "summary": summary,
                 "sweep": sweep_dims(cfg),
+                "sketch_sweep": sketch_sweep_dims(cfg),
                 "seconds": seconds,
                 "sweep_seconds": sweep_seconds,
             },

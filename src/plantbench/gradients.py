@@ -72,10 +72,10 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -87,9 +87,12 @@ from .io import _fsync_dir, write_json
 from .modeling import block_linear_names
 from .rng import derive_seed, rng
 
+if TYPE_CHECKING:
+    from .sketch import Sketch
+
 log = logging.getLogger(__name__)
 
-STORE_FORMAT = 1
+STORE_FORMAT = 2  # 2: shard.json names its projection (logra | sketch)
 DEFAULT_K_IN = 8
 DEFAULT_K_OUT = 8
 GRADS_FILE = "grads.bin"
@@ -99,6 +102,7 @@ STORE_DTYPES = {"float16": np.float16, "float32": np.float32}
 # Keys of shard.json that must agree between shards merged into one store.
 IDENTITY_KEYS = (
     "format",
+    "projection",
     "modules",
     "dims",
     "dtype",
@@ -148,6 +152,8 @@ class Projector:
     """Per-module random projections, identified by a seed (matrices are regenerated, cached
     in memory only)."""
 
+    kind = "logra"
+
     def __init__(self, specs: Sequence[ModuleSpec], seed: int):
         if not specs:
             raise PlantbenchError("no modules to project (the model has no block linear layers)")
@@ -191,9 +197,15 @@ class Projector:
         """``(k_out, k_in)`` per module, in order."""
         return [(s.k_out, s.k_in) for s in self.specs]
 
+    @property
+    def block_sizes(self) -> list[int]:
+        """One curvature block per module."""
+        return [s.size for s in self.specs]
+
     def describe(self) -> dict[str, Any]:
-        """JSON-ready identity: seed, D, and per module [name, in, out, k_out, k_in]."""
+        """JSON-ready identity: kind, seed, D, and per module [name, in, out, k_out, k_in]."""
         return {
+            "projection": self.kind,
             "projection_seed": self.seed,
             "dims": self.dims,
             "modules": [
@@ -227,6 +239,10 @@ class Projector:
                         f"projection '{side}' of module '{s.name}' (seed {self.seed}) is all zero "
                         "or not finite; this is a bug, report it"
                     )
+
+    def check_rows(self, grads: np.ndarray | torch.Tensor) -> None:
+        """:func:`check_blocks_nonzero` for these projections."""
+        check_blocks_nonzero(grads, self)
 
 
 def check_blocks_nonzero(grads: np.ndarray | torch.Tensor, projector: Projector) -> None:
@@ -343,15 +359,19 @@ def _capture(
     attention_mask: torch.Tensor | None,
     dtype: torch.dtype,
     maps: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]],
+    consume: Callable[[str, torch.Tensor, torch.Tensor], None] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """One forward and one backward of the summed per-example losses; per named module its
     input ``x`` and output gradient ``delta`` (``[n, T, .]`` in ``dtype``), each multiplied by
     ``maps[name] = (P_in, P_out)`` transposed when given. Parameters stay frozen: gradient
     flows from the input embeddings, so no weight gradient is ever formed. A module missing
-    from the second dict got no gradient (e.g. an empty loss mask)."""
+    from the second dict got no gradient (e.g. an empty loss mask). With ``consume``, each
+    module's pair goes to ``consume(name, x, delta)`` as soon as its output gradient is known
+    and neither is kept (both dicts come back empty)."""
     mods = dict(model.named_modules())
     xs: dict[str, torch.Tensor] = {}
     ds: dict[str, torch.Tensor] = {}
+    ran: set[str] = set()
     handles = []
 
     def make_hook(name: str):
@@ -361,11 +381,16 @@ def _capture(
             if name in ds:
                 raise PlantbenchError(f"module '{name}' ran twice in one forward; not supported")
             g = g.detach().to(dtype)
-            ds[name] = g if p_out is None else g @ p_out.T
+            g = g if p_out is None else g @ p_out.T
+            if consume is None:
+                ds[name] = g
+            else:
+                consume(name, xs.pop(name), g)
 
         def fwd_hook(mod, inputs, output):
-            if name in xs:
+            if name in ran:
                 raise PlantbenchError(f"module '{name}' ran twice in one forward; not supported")
+            ran.add(name)
             x = inputs[0].detach().to(dtype)
             xs[name] = x if p_in is None else x @ p_in.T
             if output.requires_grad:
@@ -387,14 +412,16 @@ def _capture(
             for h in handles:
                 h.remove()
     for name in module_names:
-        if name not in xs:
+        if name not in ran:
             raise PlantbenchError(f"module '{name}' did not run in the forward pass")
+    if consume is not None:
+        xs.clear()
     return xs, ds
 
 
 def projected_grads(
     model: torch.nn.Module,
-    projector: Projector,
+    projector: Projector | Sketch,
     input_ids: torch.Tensor,
     loss_mask: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
@@ -402,15 +429,29 @@ def projected_grads(
     *,
     require_eager: bool = True,
 ) -> torch.Tensor:
-    """LoGra projected per-example gradients, ``[n, projector.dims]`` in ``dtype``.
+    """Projected per-example gradients, ``[n, projector.dims]`` in ``dtype``.
 
-    One forward and one backward for the whole batch; hooks project each module's inputs and
-    output gradients; per example ``sum_t (P_out delta_t)(P_in x_t)^T`` is flattened row-major
-    (``k_out`` major). The model is put in eval mode and its parameters frozen for the call.
+    One forward and one backward for the whole batch. LoGra (:class:`Projector`): hooks
+    project each module's inputs and output gradients; per example ``sum_t (P_out delta_t)
+    (P_in x_t)^T`` is flattened row-major (``k_out`` major). A count sketch
+    (:class:`plantbench.sketch.Sketch`): each module's exact gradient is sketched as soon as
+    its output gradient is known (:meth:`~plantbench.sketch.Sketch.accumulate`). The model is
+    put in eval mode and its parameters frozen for the call.
     """
     _check_inputs(model, input_ids, loss_mask, attention_mask, require_eager)
     device = input_ids.device
     n = input_ids.shape[0]
+    if projector.kind == "sketch":
+        out = torch.zeros((n, projector.dims), dtype=dtype, device=device)
+
+        def consume(name: str, x: torch.Tensor, delta: torch.Tensor) -> None:
+            projector.accumulate(out, name, x, delta)
+
+        _capture(
+            model, projector.module_names, input_ids, loss_mask, attention_mask, dtype, {},
+            consume,
+        )  # fmt: skip
+        return out
     maps = {
         name: (
             projector.matrix(name, "in", dtype, device),
@@ -667,7 +708,7 @@ def dense_random_projection(
 
 
 def shard_identity(
-    projector: Projector,
+    projector: Projector | Sketch,
     *,
     dtype: str = "float32",
     checkpoint: str,
@@ -684,6 +725,7 @@ def shard_identity(
     d = projector.describe()
     return {
         "format": STORE_FORMAT,
+        "projection": d["projection"],
         "modules": d["modules"],
         "dims": d["dims"],
         "dtype": dtype,
@@ -849,7 +891,7 @@ class ShardWriter:
 
 def extract_to_shard(
     model: torch.nn.Module,
-    projector: Projector,
+    projector: Projector | Sketch,
     windows: np.ndarray,
     keys: Sequence[int] | np.ndarray,
     shard_dir: str | Path,
@@ -926,13 +968,17 @@ class GradientStore:
         self.identity = {k: first[k] for k in IDENTITY_KEYS}
         self.dims: int = int(first["dims"])
         self.dtype = np.dtype(STORE_DTYPES[first["dtype"]]).newbyteorder("<")
+        self.projection: str = str(first["projection"])
         self.module_names = [m[0] for m in first["modules"]]
-        self.module_dims = [(int(m[3]), int(m[4])) for m in first["modules"]]
         self.slices: dict[str, slice] = {}
-        s = 0
-        for name, (ko, ki) in zip(self.module_names, self.module_dims, strict=True):
-            self.slices[name] = slice(s, s + ko * ki)
-            s += ko * ki
+        if self.projection == "sketch":  # every dimension mixes every module: one block
+            self._blocks, s = [self.dims], self.dims
+        else:
+            self._blocks, s = [], 0
+            for m in first["modules"]:
+                self.slices[m[0]] = slice(s, s + int(m[3]) * int(m[4]))
+                self._blocks.append(int(m[3]) * int(m[4]))
+                s += self._blocks[-1]
         if s != self.dims:
             raise ArtifactError(
                 f"'{first_dir / SHARD_JSON}': module sizes sum to {s}, not {self.dims}"
@@ -1023,4 +1069,5 @@ class GradientStore:
 
     @property
     def block_sizes(self) -> list[int]:
-        return [ko * ki for ko, ki in self.module_dims]
+        """Curvature blocks: one per module for LoGra, one for a sketch."""
+        return list(self._blocks)

@@ -33,6 +33,7 @@ from typing import Any
 from . import in_context
 from . import pool as pool_mod
 from .ekfac import query_chunks
+from .features import grad_dims as features_grad_dims
 from .features import n_shards, tracin_checkpoints
 from .paths import MODELS
 from .pretrain import checkpoint_steps
@@ -124,9 +125,9 @@ def n_facts(cfg: dict[str, Any]) -> int:
 
 
 def grad_dims(cfg: dict[str, Any]) -> int:
-    """Projected gradient dimensions: 7 block linears per layer x k_out x k_in."""
-    f = cfg["features"]
-    return 7 * int(cfg["model"]["n_layer"]) * int(f["grad_k_in"]) * int(f["grad_k_out"])
+    """Projected gradient dimensions: ``features.grad_dims`` for a count sketch, 7 block
+    linears per layer x k_out x k_in for LoGra."""
+    return features_grad_dims(cfg, 7 * int(cfg["model"]["n_layer"]))
 
 
 def plan(cfg: dict[str, Any], query_tokens: int = 32) -> list[Stage]:
@@ -204,20 +205,23 @@ def plan(cfg: dict[str, Any], query_tokens: int = 32) -> list[Stage]:
         )
     )
     g_tok = nm * k_tr * (n_pool * W + n_queries * query_tokens)
+    # a count sketch forms every window's exact block-linear gradient: 2 P_b flops per token
+    sketch_flops = 2 * s.block_linear_params if cfg["features"]["projection"] == "sketch" else 0
     out.append(
         Stage(
             "grads",
             nm * k_tr * (shards + 1),
             f"{nm} models x {k_tr} checkpoints x ({shards} shards + queries), D = {D:,}",
             tokens=g_tok,
-            flops=g_tok * s.grad_flops_per_token(),
+            flops=g_tok * (s.grad_flops_per_token() + sketch_flops),
             disk_bytes=nm * k_tr * (n_pool + n_queries) * D * gbytes,
             gpu=True,
         )
     )
     blocks = 7 * s.n_layer
     kk = int(cfg["features"]["grad_k_in"]) * int(cfg["features"]["grad_k_out"])
-    cov = blocks * kk * kk if cfg["curvature"]["mode"] == "block" else D * D
+    per_module = cfg["curvature"]["mode"] == "block" and cfg["features"]["projection"] == "logra"
+    cov = blocks * kk * kk if per_module else D * D  # a sketch is one block
     out.append(
         Stage(
             "curvature",

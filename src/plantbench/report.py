@@ -585,17 +585,35 @@ def fidelity_rows(
     return pd.DataFrame(rows)
 
 
+def _projection_label(r: Any) -> str:
+    """``LoGra k_out x k_in per module`` or ``count sketch``, for a sweep row."""
+    if r.get("projection", "logra") == "sketch":
+        return "count sketch"
+    return f"LoGra {int(r['k_out'])} x {int(r['k_in'])} per module"
+
+
 def sweep_lines(paths: Paths, metas: dict[str, dict[str, Any]]) -> list[str]:
-    """The projection sweep (``fidelity.sweep``) as a table: k x k per module, D, store per
-    window, and the gradient dot product's fidelity per twin; nothing without a sweep."""
+    """The projection sweep (``fidelity.sweep``, ``fidelity.sketch_sweep``) as a table:
+    projection, D, store per window, and the gradient dot product's fidelity per twin, after the
+    study's own row; nothing without a sweep."""
     tables = {m: io.read_parquet(paths.fidelity(m) / "sweep.parquet") for m in metas}
     if all(t.empty for t in tables.values()):
         return []
     first = next(t for t in tables.values() if not t.empty)
-    rows = []
+    info = next(iter(metas.values()))["info"]
+    own = {
+        "projection": f"{info.get('projection', 'logra')} (this study, grad_dot)",
+        "D": f"{int(info['projected_dims']):,}",
+        "store per window": f"{int(info['projected_dims']) * 4 / 1024:,.0f} KiB",
+        **{
+            f"model {m}": _mean_range(meta["info"]["summary"].get("grad_dot"))
+            for m, meta in metas.items()
+        },
+    }
+    rows = [own]
     for i, r in first.iterrows():
         row = {
-            "per module": f"{int(r['k_out'])} x {int(r['k_in'])}",
+            "projection": _projection_label(r),
             "D": f"{int(r['dims']):,}",
             "store per window": f"{int(r['store_bytes_per_window']) / 1024:,.0f} KiB",
         }
@@ -603,8 +621,9 @@ def sweep_lines(paths: Paths, metas: dict[str, dict[str, Any]]) -> list[str]:
             row[f"model {m}"] = _mean_range(t.iloc[i])
         rows.append(row)
     return [
-        "The gradient dot product at other projections (`fidelity.sweep`; the study's seed, "
-        "float32, the same subset): Spearman with the exact dot per query, mean [min, max].",
+        "The gradient dot product at other projections (`fidelity.sweep`, "
+        "`fidelity.sketch_sweep`; the study's seed, float32, the same subset) next to the "
+        "study's own: Spearman with the exact dot per query, mean [min, max].",
         "",
         markdown_table(pd.DataFrame(rows)),
         "",

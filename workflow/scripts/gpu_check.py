@@ -9,9 +9,11 @@ On a CUDA machine (run from the repository root with the package installed)::
    tokens, bf16 autocast, fused AdamW, SDPA attention, ``torch.compile`` (``--no-compile`` to
    skip), micro-batches of ``--micro`` windows; ``--steps`` optimizer steps of ``--accum``
    micro-batches after ``--warmup`` steps. tokens/s and MFU = tokens/s x (6N + 12 L d T) / peak.
-3. Featurization: LoGra projected per-example gradients (:func:`plantbench.gradients.
-   projected_grads`, eager attention, bf16 weights, 84 modules x 13 x 14 = 15,288 dims) on
-   batches of ``--feat-batch`` windows: windows/s and tokens/s.
+3. Featurization: projected per-example gradients (:func:`plantbench.gradients.
+   projected_grads`, eager attention, bf16 weights) on batches of ``--feat-batch`` windows,
+   windows/s and tokens/s, for the default count sketch of the exact block-linear gradients
+   (:mod:`plantbench.sketch`, the seed's 15,360 dims) and for LoGra (84 modules x 13 x 14 =
+   15,288 dims).
 4. Fidelity: exact float64 per-example gradients of every block linear
    (:func:`plantbench.gradients.full_grads`, what the fidelity step computes on its subset) on
    batches of ``--exact-batch`` windows: windows/s, so the step's time at paper size is
@@ -38,6 +40,7 @@ from typing import Any
 import torch
 
 from plantbench.gradients import Projector, full_grads, projected_grads
+from plantbench.sketch import Sketch
 from plantbench.modeling import block_linear_names, build_model, llama_config
 from plantbench.plan import GPU_PEAK_BF16, Shape
 from plantbench.pretrain import make_optimizer
@@ -136,14 +139,19 @@ def feat_speed(
     T: int,
     batch: int,
     n_batches: int,
-    k: tuple[int, int],
+    k: tuple[int, int] | int,
     device: torch.device,
 ) -> float:
+    """Tokens/s of the featurizer: LoGra ``k = (k_out, k_in)`` or a count sketch to ``k``."""
     conf = llama_config(model_cfg, vocab, T, bos=0, eos=1, pad=2, attn="eager")
     model = build_model(conf, 0).to(device)
     if device.type == "cuda":
         model = model.to(torch.bfloat16)
-    proj = Projector.from_model(model, seed=1, k_out=k[0], k_in=k[1])
+    proj: Projector | Sketch = (
+        Sketch.from_model(model, seed=1, dims=k)
+        if isinstance(k, int)
+        else Projector.from_model(model, seed=1, k_out=k[0], k_in=k[1])
+    )
     ids = torch.randint(3, vocab, (batch, T), device=device)
     mask = torch.ones_like(ids, dtype=torch.bool)
     projected_grads(model, proj, ids, mask)  # warm-up (projection matrices)
@@ -221,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-        mcfg, vocab, T, k = PAPER, 32768, 1024, (13, 14)
+        mcfg, vocab, T, k, dims = PAPER, 32768, 1024, (13, 14), 15360
         name = torch.cuda.get_device_name()
         measured = matmul_peak(device, torch.bfloat16, 8192)
         sheet = datasheet_peak(name)
@@ -229,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         fb, fn = a.feat_batch, a.feat_batches
         eb, en = a.exact_batch, a.exact_batches
     else:  # smoke test of the script: tiny shape, fp32, a few steps
-        mcfg, vocab, T, k = TINY, 512, 64, (4, 4)
+        mcfg, vocab, T, k, dims = TINY, 512, 64, (4, 4), 256
         name = "cpu (smoke test, tiny shape)"
         measured = matmul_peak(device, torch.float32, 512)
         sheet = None
@@ -239,7 +247,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shape = Shape(mcfg["n_layer"], mcfg["n_embd"], mcfg["intermediate"], vocab, T)
     tps = train_speed(mcfg, vocab, T, micro, accum, steps, warmup, device, compile_)
     fpt = shape.train_flops_per_token()
-    feat = feat_speed(mcfg, vocab, T, fb, fn, k, device)
+    feat = feat_speed(mcfg, vocab, T, fb, fn, dims, device)
+    feat_logra = feat_speed(mcfg, vocab, T, fb, fn, k, device)
     exact = exact_speed(mcfg, vocab, T, eb, en, device)
     sb, sg = (a.suite_batch, a.gen_tokens) if cuda else (4, 4)
     responses, hidden = suite_speed(mcfg, vocab, T, sb, sg, device)
@@ -262,9 +271,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "peak_measured_flops": measured,
         "mfu": tps * fpt / peak,
         "mfu_vs_measured_matmul": tps * fpt / measured,
-        "feat_dims": 7 * mcfg["n_layer"] * k[0] * k[1],
+        "feat_dims": dims,
         "feat_tokens_per_s": feat,
         "feat_windows_per_s": feat / T,
+        "feat_logra_dims": 7 * mcfg["n_layer"] * k[0] * k[1],
+        "feat_logra_tokens_per_s": feat_logra,
+        "feat_logra_windows_per_s": feat_logra / T,
         "exact_float64_windows_per_s": exact,
         "suite_batch": sb,
         "grounding_responses_per_s": responses,
