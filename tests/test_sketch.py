@@ -1,11 +1,12 @@
 """The count sketch of the exact per-example gradients (the default projection)."""
+# ruff: noqa: F811  (the fixtures of test_gradients)
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from test_gradients import T, V, rel, tiny_model
+from test_gradients import T, V, batch, model64, rel  # noqa: F401  (fixtures)
 
 from plantbench import sketch as sketch_mod
 from plantbench.errors import ArtifactError
@@ -18,24 +19,6 @@ from plantbench.gradients import (
 )
 from plantbench.modeling import block_linear_names
 from plantbench.sketch import Sketch
-
-
-@pytest.fixture(scope="module")
-def model64():
-    return tiny_model().double()
-
-
-@pytest.fixture(scope="module")
-def batch():
-    g = torch.Generator().manual_seed(8)
-    ids = torch.randint(3, V, (5, T), generator=g)
-    loss_mask = torch.rand(5, T, generator=g) > 0.35
-    attn = torch.ones(5, T, dtype=torch.long)
-    attn[1, 9:] = 0
-    attn[3, :4] = 0
-    ids[1, 9:] = 2
-    ids[3, :4] = 2
-    return ids, loss_mask, attn
 
 
 def test_sketch_equals_explicit_sketch_matrix_times_exact_gradient(model64, batch):

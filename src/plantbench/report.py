@@ -589,6 +589,8 @@ def _projection_label(r: Any) -> str:
     """``LoGra k_out x k_in per module`` or ``count sketch``, for a sweep row."""
     if r.get("projection", "logra") == "sketch":
         return "count sketch"
+    if "k_out" not in r:
+        return "LoGra"
     return f"LoGra {int(r['k_out'])} x {int(r['k_in'])} per module"
 
 
@@ -602,7 +604,7 @@ def sweep_lines(paths: Paths, metas: dict[str, dict[str, Any]]) -> list[str]:
     first = next(t for t in tables.values() if not t.empty)
     info = next(iter(metas.values()))["info"]
     own = {
-        "projection": f"{info.get('projection', 'logra')} (this study, grad_dot)",
+        "projection": f"{_projection_label(info)} (this study's gradients)",
         "D": f"{int(info['projected_dims']):,}",
         "store per window": f"{int(info['projected_dims']) * 4 / 1024:,.0f} KiB",
         **{
