@@ -484,10 +484,10 @@ def _peer_rows(cfg: dict[str, Any], paths: Paths, thr: int, quick: bool) -> list
 
 
 def _tile_rows(cfg: dict[str, Any], thr: int, quick: bool) -> list:
-    from .features import grad_dims
+    from .plan import grad_dims
 
     sc = cfg["scoring"]
-    dim = grad_dims(cfg, 7 * int(cfg["model"]["n_layer"]))
+    dim = grad_dims(cfg)
     n_q = 2 * int(sc["query_block"])
     rows = []
     for n_pool in (8192, 32768) if quick else (16384, 131072):

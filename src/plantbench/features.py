@@ -76,6 +76,7 @@ from .gradients import (
     SHARD_JSON,
     GradientStore,
     Projector,
+    check_blocks_nonzero,
     extract_to_shard,
     shard_identity,
 )
@@ -329,7 +330,7 @@ def grads_pool(
         batch_rows=int(cfg["features"]["batch_windows"]),
         progress=prog,
     )
-    proj.check_rows(GradientStore([where]).rows(0, len(keys)))
+    check_blocks_nonzero(GradientStore([where]).rows(0, len(keys)), proj)
     log.info(
         "grads %s %s shard %d: %d windows in %.1fs -> %s",
         model,
@@ -375,7 +376,7 @@ def grads_queries(
         batch_rows=int(cfg["features"]["batch_windows"]),
         progress=Progress(f"grads {model} {checkpoint} queries", len(qs), unit="queries"),
     )
-    proj.check_rows(GradientStore([where]).rows(0, len(qs)))
+    check_blocks_nonzero(GradientStore([where]).rows(0, len(qs)), proj)
     log.info("grads %s %s: %d queries -> %s", model, checkpoint, len(qs), where)
     return meta
 

@@ -240,14 +240,11 @@ class Projector:
                         "or not finite; this is a bug, report it"
                     )
 
-    def check_rows(self, grads: np.ndarray | torch.Tensor) -> None:
-        """:func:`check_blocks_nonzero` for these projections."""
-        check_blocks_nonzero(grads, self)
 
-
-def check_blocks_nonzero(grads: np.ndarray | torch.Tensor, projector: Projector) -> None:
+def check_blocks_nonzero(grads: np.ndarray | torch.Tensor, projector: Projector | Sketch) -> None:
     """Raise if any module's block of projected gradients is all zero (or non-finite) across
-    the given rows: a hook that did not fire or a projection that vanished."""
+    the given rows: a hook that did not fire or a projection that vanished (a sketch is one
+    block of every module)."""
     g = grads.detach().cpu().numpy() if isinstance(grads, torch.Tensor) else np.asarray(grads)
     if g.ndim != 2 or g.shape[1] != projector.dims:
         raise ValueError(f"expected [n, {projector.dims}] gradients, got {g.shape}")

@@ -44,7 +44,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from .errors import ArtifactError, PlantbenchError
@@ -70,8 +69,8 @@ class Sketch:
     """Count sketch of every block linear's exact gradient into ``dims`` shared buckets.
 
     The same interface as :class:`plantbench.gradients.Projector` where the store and the
-    readers need it (``kind``, ``module_names``, ``dims``, ``seed``, ``block_sizes``,
-    ``describe``, ``check``, ``check_rows``)."""
+    readers need it (``kind``, ``module_names``, ``dims``, ``seed``, ``slices``,
+    ``block_sizes``, ``describe``, ``check``)."""
 
     kind = KIND
 
@@ -95,6 +94,12 @@ class Sketch:
             for n in block_linear_names(model)
         ]
         return cls(specs, dims, seed)
+
+    @property
+    def slices(self) -> dict[str, slice]:
+        """One block holding every module (what
+        :func:`plantbench.gradients.check_blocks_nonzero` checks)."""
+        return {"all block linears (sketch)": slice(0, self.dims)}
 
     @property
     def block_sizes(self) -> list[int]:
@@ -167,16 +172,3 @@ class Sketch:
                     f"sketch tables of module '{m.name}' (seed {self.seed}) are out of range; "
                     "this is a bug, report it"
                 )
-
-    def check_rows(self, grads: np.ndarray | torch.Tensor) -> None:
-        """Raise if the sketched rows are non-finite or all zero (no gradient reached them)."""
-        g = grads.detach().cpu().numpy() if isinstance(grads, torch.Tensor) else np.asarray(grads)
-        if g.ndim != 2 or g.shape[1] != self.dims:
-            raise ValueError(f"expected [n, {self.dims}] gradients, got {g.shape}")
-        if not np.isfinite(g).all():
-            raise ArtifactError("sketched gradients contain inf/NaN")
-        if g.shape[0] and not (g != 0).any():
-            raise ArtifactError(
-                f"sketched gradients are all zero for {g.shape[0]} rows; "
-                "a hook did not fire or the loss mask is empty"
-            )
