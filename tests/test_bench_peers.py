@@ -76,7 +76,7 @@ def test_missing_peers_are_skipped_with_one_line(
     monkeypatch.setattr(bench_peers, "measure", measure)
     with caplog.at_level(logging.INFO, logger="plantbench.bench_peers"):
         rows = bench_peers.run_peers(cfg, Paths(cfg), threads=1, quick=True)
-    assert seen["peers"] == [] and seen["rounds"] == 3
+    assert seen["peers"] == ["ours@logra"] and seen["rounds"] == 3  # no peer
     assert seen["n"] % 4 == 0 and "fresh seeded model" in seen["what"]  # no study under tmp
     for peer in bench_peers.PEERS:
         line = f"peer benchmark: {peer} is not installed (make peers-bench installs it): skipped"
@@ -163,3 +163,22 @@ def test_installed_peers_features_on_a_tiny_model(tmp_path: Path) -> None:
     for peer in peers:
         r = next(r for r in rows if r["what"] == f"ours vs {peer}: windows/s, best")
         assert r["value"] > 0 and r["reference"] > 0 and r["ratio"] == r["value"] / r["reference"]
+
+
+def test_ours_with_logra_is_compared_only_at_the_peers_side(tmp_path: Path) -> None:
+    cfg = _tiny_cfg(tmp_path)
+    source = bench_peers._fresh_source(cfg, 8)
+    wide = {**_fake_result([8.0, 8.0, 8.0], 900.0, 5.0, dims=14 * 64), "side": 8}
+    got = {
+        "ours": _fake_result([1.0, 2.0, 3.0], 100.0, 5.0),
+        "ours@logra": _fake_result([0.5, 1.0, 1.0], 50.0, 5.0),
+        "bergson": _fake_result([2.0, 2.0, 2.0], 400.0, 5.0),
+        "bergson@8": wide,
+    }
+    rows = {r["what"]: r for r in bench_peers.rows_of(cfg, source, got, threads=1, rounds=3)}
+    assert rows["ours@logra vs bergson: windows/s, best"]["ratio"] == 4.0  # 16 vs 4 windows/s
+    assert rows["ours vs bergson: windows/s, best"]["ratio"] == 2.0
+    assert rows["ours vs bergson@8: windows/s, best"]["ratio"] == 8.0
+    assert "ours@logra vs bergson@8: windows/s, best" not in rows  # not the same D
+    label = next(w for w in rows if w.startswith("bergson@8 ") and w.endswith("best"))
+    assert "D=896 (8x8 per module), ours D=224" in label

@@ -15,6 +15,14 @@ Per-example projected gradients of a causal LM, computed three ways in the same 
   (dattri multiplies the captured gradients by the batch size, so this gives every window the
   gradient of its summed loss).
 
+* ``ours@logra``: ours with LoGra's projection at the peers' ``p x p`` per module: the same
+  projection kind and the same ``D`` as theirs, so that its ratio to theirs compares the
+  machinery alone (the default sketch does more work per window for a better product).
+* ``bergson@32``, ``bergson@64`` (full run only): bergson at ``32 x 32`` and ``64 x 64`` per
+  module (``D`` = 28,672 and 114,688 on the default model), the sizes a Kronecker projection
+  needs to keep about the sketch's fidelity (LoGra 32 x 32: Spearman 0.85; the sketch at 4,096:
+  0.92; :mod:`plantbench.sketch`).
+
 Both peers project every module square and Kronecker-structured (``(P_out delta)(P_in x)^T``,
 LoGra's kind), so their ``D = M p^2`` with ``p`` the closest to ours (:func:`peer_side`; the
 default ``D = 4,096`` over 28 modules gives ``p = 12``, ``D = 4,032``; LoGra 8 x 8 gives ``D``
@@ -67,6 +75,7 @@ from .paths import MODELS, Paths
 log = logging.getLogger(__name__)
 
 PEERS = ("bergson", "dattri")
+LARGER_SIDES = (32, 64)  # bergson also at these p x p per module (full run)
 Featurizer = Callable[[Any], Any]  # input ids [n, T] -> features [n, D]
 
 # --------------------------------------------------------------------------- windows and model
@@ -262,6 +271,22 @@ def _quiet() -> None:
         h.setLevel(logging.WARNING)
 
 
+def _variant(tool: str, proj: Any, model: Any) -> tuple[str, int, Any]:
+    """``(featurizer, side p, our projector)`` of a tool key: ``name`` (the peers' side
+    :func:`peer_side`, ours with the study's projection), ``name@p`` (a peer at ``p x p`` per
+    module) or ``ours@logra`` (ours with LoGra at the peers' ``p x p``: the same projection
+    kind and ``D`` as theirs)."""
+    from .gradients import Projector
+
+    name, _, variant = tool.partition("@")
+    side = peer_side(proj.dims, len(proj.module_names))
+    if variant == "logra":
+        proj = Projector.from_model(model, proj.seed, k_in=side, k_out=side)
+    elif variant:
+        side = int(variant)
+    return name, side, proj
+
+
 def _w_setup(job: dict[str, Any]) -> dict[str, Any]:
     """Build the tool on the job's model, warm it up on full-size batches, start the memory
     sampler; returns the one-off setup seconds and the feature dims."""
@@ -274,12 +299,11 @@ def _w_setup(job: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(job["threads"])
     model = _load(job)
-    proj = _projector(job["cfg"], model)
+    name, side, proj = _variant(job["tool"], _projector(job["cfg"], model), model)
     ids = torch.as_tensor(job["ids"])
-    tmp = tempfile.TemporaryDirectory(prefix=f"plantbench-{job['tool']}-")
+    tmp = tempfile.TemporaryDirectory(prefix=f"plantbench-{name}-")
     t0 = time.perf_counter()
-    side = peer_side(proj.dims, len(proj.module_names))
-    feats = FEATURIZERS[job["tool"]]({**job, "tmp": tmp.name, "side": side}, model, proj)
+    feats = FEATURIZERS[name]({**job, "tmp": tmp.name, "side": side}, model, proj)
     _quiet()
     out = feats(ids[: job["batch"]])
     if len(ids) % job["batch"]:  # the last, shorter batch's shape too
@@ -337,7 +361,7 @@ def _start(tools: list[str], job: dict[str, Any], stack: contextlib.ExitStack) -
         try:
             workers[tool] = (pool, pool.apply(_w_setup, ({**job, "tool": tool},)))
         except Exception as exc:  # a peer's import or API failure must not stop the group
-            if tool == "ours":
+            if tool.startswith("ours"):
                 raise
             log.warning(
                 "peer benchmark: %s failed (%s: %s): skipped", tool, type(exc).__name__, exc
@@ -396,25 +420,35 @@ API = {
 }
 
 
-def _peer_rows(peer: str, res: dict, ours: dict, n: int) -> list[dict[str, Any]]:
+def _peer_rows(key: str, res: dict, ours: dict, n: int, us: str = "ours") -> list[dict[str, Any]]:
+    """A peer's rows (``key``: ``name`` or ``name@p``) and ``us`` vs it."""
+    peer = key.partition("@")[0]
     d, p = ours["dims"], res["side"]
     dims = f"D={res['dims']} ({p}x{p} per module)" + ("" if res["dims"] == d else f", ours D={d}")
-    (ob, om), (pb, pm) = _rates(ours, n), _rates(res, n)
-    return _tool_rows(peer, res, n, f"{peer} {_version(peer)} ({API[peer]}), {dims}") + [
-        _row("peers", f"ours vs {peer}: windows/s, best", ob, "windows/s", pb),
-        _row("peers", f"ours vs {peer}: windows/s, median", om, "windows/s", pm),
-        _row("peers", f"ours vs {peer}: peak RSS increase", ours["peak_mb"], "MiB", res["peak_mb"]),
-        _row("peers", f"check {peer}: feature dims vs ours (all finite: {res['finite']})",
+    label = f"{key} {_version(peer)} ({API[peer]}), {dims}"
+    return _tool_rows(key, res, n, label) + _versus(us, ours, key, res, n) + [
+        _row("peers", f"check {key}: feature dims vs ours (all finite: {res['finite']})",
              res["dims"], "dims", d),
-        _row("peers", f"check {peer}: mean per-window feature norm vs ours (same gradients: ~1)",
+        _row("peers", f"check {key}: mean per-window feature norm vs ours (same gradients: ~1)",
              float(res["norms"].mean()), "", float(ours["norms"].mean())),
     ]  # fmt: skip
+
+
+def _versus(us: str, ours: dict, key: str, res: dict, n: int) -> list[dict[str, Any]]:
+    """``us`` vs ``key``: best and median windows/s and peak memory (ratio = ours / theirs)."""
+    (ob, om), (pb, pm) = _rates(ours, n), _rates(res, n)
+    return [
+        _row("peers", f"{us} vs {key}: windows/s, best", ob, "windows/s", pb),
+        _row("peers", f"{us} vs {key}: windows/s, median", om, "windows/s", pm),
+        _row("peers", f"{us} vs {key}: peak RSS increase", ours["peak_mb"], "MiB", res["peak_mb"]),
+    ]
 
 
 def rows_of(
     cfg: dict[str, Any], source: dict[str, Any], got: dict, threads: int, rounds: int
 ) -> list[dict[str, Any]]:
-    """The group's rows from :func:`measure`'s results."""
+    """The group's rows from :func:`measure`'s results: ours, then each peer against ours
+    (and against ``ours@logra``, ours with their projection kind and ``D``, when it ran)."""
     ours, n, m = got["ours"], len(source["ids"]), cfg["model"]
     setup = (
         f"{source['what']}; {m['n_layer']}L x {m['n_embd']}, T={source['ids'].shape[1]}; ours: "
@@ -423,9 +457,29 @@ def rows_of(
     )
     rows = [_row("peers", setup, n, "windows")]
     rows += _tool_rows("ours", ours, n, "ours (plantbench projected_grads)")
-    for peer in (t for t in got if t != "ours"):
-        rows += _peer_rows(peer, got[peer], ours, n)
+    same = got.get("ours@logra")
+    if same is not None:
+        rows += _tool_rows("ours@logra", same, n, f"ours@logra ({same['projection']})")
+    for key in (k for k in got if not k.startswith("ours")):
+        rows += _peer_rows(key, got[key], ours, n)
+        if same is not None and got[key]["side"] == same["side"]:
+            rows += _versus("ours@logra", same, key, got[key], n)
     return rows
+
+
+def _tools(quick: bool) -> list[str]:
+    """Tool keys besides ``ours``: ours with LoGra at the peers' ``D``, each installed peer at
+    that ``D``, and (full run) bergson at 32 x 32 and 64 x 64 per module, the sizes at which a
+    Kronecker projection keeps about the sketch's fidelity (:mod:`plantbench.sketch`)."""
+    tools = ["ours@logra"]
+    for peer in PEERS:
+        if (why := peer_status(peer)) is not None:
+            log.warning("peer benchmark: %s: skipped", why)
+        else:
+            tools.append(peer)
+    if "bergson" in tools and not quick:
+        tools += [f"bergson@{p}" for p in LARGER_SIDES]
+    return tools
 
 
 def run_peers(
@@ -438,12 +492,7 @@ def run_peers(
     source = _study_source(cfg, paths, n) or _fresh_source(cfg, n)
     if len(source["ids"]) >= batch:  # whole batches: no odd-shaped last batch
         source["ids"] = source["ids"][: len(source["ids"]) // batch * batch]
-    peers = []
-    for peer in PEERS:
-        if (why := peer_status(peer)) is not None:
-            log.warning("peer benchmark: %s: skipped", why)
-        else:
-            peers.append(peer)
+    peers = _tools(quick)
     got = measure(cfg, source, threads=threads, rounds=rounds, peers=peers)
     return rows_of(cfg, source, got, threads, rounds)
 

@@ -43,7 +43,10 @@ gradient beyond floating-point reassociation (exact in float64 up to ~1e-12).
 
 The parameter gradients themselves are never computed: parameters are frozen for the call and
 gradient flows from the (detached, grad-requiring) input embeddings, so backward computes only
-activation gradients.
+activation gradients. Nor are the logits: the output layer and the loss are one chunked step
+that computes the gradient of every target row's loss with respect to the final hidden state
+in closed form (:mod:`plantbench.headloss`; the same gradients, in float64 to ~1e-12), so rows
+that are not targets cost nothing and no ``[n, T, V]`` tensor is held.
 
 Store layout (one shard = one folder)
 -------------------------------------
@@ -83,6 +86,7 @@ import torch.nn.functional as F
 
 from .errors import ArtifactError, PlantbenchError
 from .hashing import hash_bytes, hash_file
+from .headloss import fusable, head_losses
 from .io import _fsync_dir, write_json
 from .modeling import block_linear_names
 from .rng import derive_seed, rng
@@ -294,22 +298,31 @@ def example_losses(
     attention_mask: torch.Tensor | None = None,
     *,
     inputs_embeds: torch.Tensor | None = None,
+    fused: bool = False,
 ) -> torch.Tensor:
-    """Per-example summed next-token cross-entropy over the target positions, shape [n]."""
+    """Per-example summed next-token cross-entropy over the target positions, shape [n].
+
+    ``fused``: the output layer and the loss in one chunked step that never forms the logits
+    (:mod:`plantbench.headloss`; parameters must be frozen), where the model allows it; the
+    same losses and gradients up to floating-point reassociation."""
     kwargs: dict[str, Any] = {"use_cache": False}
     if attention_mask is not None:
         dtype = next(model.parameters()).dtype
         kwargs["attention_mask"] = _attention_bias(attention_mask, dtype)
         kwargs["position_ids"] = _position_ids(attention_mask)
     if inputs_embeds is not None:
-        logits = model(inputs_embeds=inputs_embeds, **kwargs).logits
+        kwargs["inputs_embeds"] = inputs_embeds
     else:
-        logits = model(input_ids=input_ids, **kwargs).logits
+        kwargs["input_ids"] = input_ids
+    mask = target_mask(loss_mask, attention_mask)
+    if fused and fusable(model):
+        hidden = model.model(**kwargs).last_hidden_state
+        return head_losses(model, hidden, input_ids, mask)
+    logits = model(**kwargs).logits
     n, t, v = logits.shape
     ce = F.cross_entropy(
         logits[:, :-1].reshape(-1, v), input_ids[:, 1:].reshape(-1), reduction="none"
     ).view(n, t - 1)
-    mask = target_mask(loss_mask, attention_mask)
     return torch.where(mask, ce, torch.zeros((), dtype=ce.dtype)).sum(1)
 
 
@@ -401,7 +414,7 @@ def _capture(
                 handles.append(mods[name].register_forward_hook(make_hook(name)))
             embeds = model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
             losses = example_losses(
-                model, input_ids, loss_mask, attention_mask, inputs_embeds=embeds
+                model, input_ids, loss_mask, attention_mask, inputs_embeds=embeds, fused=True
             )
             if losses.requires_grad:
                 torch.autograd.grad(losses.sum(), embeds)
