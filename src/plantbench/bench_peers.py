@@ -420,13 +420,13 @@ API = {
 }
 
 
-def _peer_rows(key: str, res: dict, ours: dict, n: int, us: str = "ours") -> list[dict[str, Any]]:
-    """A peer's rows (``key``: ``name`` or ``name@p``) and ``us`` vs it."""
+def _peer_rows(key: str, res: dict, ours: dict, n: int) -> list[dict[str, Any]]:
+    """A peer's rows (``key``: ``name`` or ``name@p``) and ours vs it."""
     peer = key.partition("@")[0]
     d, p = ours["dims"], res["side"]
     dims = f"D={res['dims']} ({p}x{p} per module)" + ("" if res["dims"] == d else f", ours D={d}")
     label = f"{key} {_version(peer)} ({API[peer]}), {dims}"
-    return _tool_rows(key, res, n, label) + _versus(us, ours, key, res, n) + [
+    return _tool_rows(key, res, n, label) + _versus("ours", ours, key, res, n) + [
         _row("peers", f"check {key}: feature dims vs ours (all finite: {res['finite']})",
              res["dims"], "dims", d),
         _row("peers", f"check {key}: mean per-window feature norm vs ours (same gradients: ~1)",
