@@ -57,6 +57,15 @@ def test_peer_side_is_the_closest_square_per_module(dims: int, modules: int, sid
     assert all(abs(modules * p * p - dims) <= abs(modules * q * q - dims) for q in range(1, 64))
 
 
+def test_paired_speedup_cancels_a_drift_between_rounds() -> None:
+    # the machine slows 3x between rounds; within each round theirs takes 1.5x ours
+    ours, theirs = [1.0, 3.0, 2.0], [1.5, 4.5, 3.0]
+    assert bench_peers.paired_speedup(ours, theirs) == pytest.approx(1.5)
+    assert bench_peers.paired_speedup([1.0, 1.0, 1.0], [1.0, 2.0, 9.0]) == 2.0  # the median
+    with pytest.raises(ValueError, match="paired rounds"):
+        bench_peers.paired_speedup([1.0], [1.0, 2.0])
+
+
 def test_missing_peers_are_skipped_with_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -98,6 +107,8 @@ def test_peer_rows_put_the_peer_as_reference(tmp_path: Path) -> None:
     best = rows["ours vs dattri: windows/s, best"]
     assert best["value"] == 8.0 and best["reference"] == 4.0 and best["ratio"] == 2.0
     assert rows["ours vs dattri: windows/s, median"]["ratio"] == 2.0
+    paired = rows["ours vs dattri: speed-up, median over rounds of the round's ratio"]
+    assert paired["value"] == 2.0 and paired["ratio"] == 2.0
     assert rows["ours vs dattri: peak RSS increase"]["ratio"] == 0.25
     label = next(w for w in rows if w.startswith("dattri ") and w.endswith("windows/s, best"))
     assert "D=200" in label and "ours D=224" in label  # both D when they differ

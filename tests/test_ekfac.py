@@ -191,3 +191,23 @@ def test_query_chunks_do_not_change_the_scores(model64, batch, windows, fitted):
     one = ekfac.chunked_scores(model64, fitted, batch, windows, 4)
     many = ekfac.chunked_scores(model64, fitted, batch, windows, 3, budget=4 * n_params * 2)
     np.testing.assert_allclose(many, one, rtol=1e-5, atol=1e-6 * np.abs(one).max())
+
+
+def test_each_tracin_checkpoint_has_its_own_scores_folder(smoke_cfg):
+    """``tracin_ekfac`` reads the final checkpoint's ``ekfac`` artifact and one ``ekfac_tracin``
+    artifact per other TracIn checkpoint; a checkpoint TracIn does not use has no step."""
+    from plantbench import features
+    from plantbench.errors import ConfigError
+    from plantbench.methods import registry
+    from plantbench.paths import Paths
+
+    paths, final = Paths(smoke_cfg), features.final_checkpoint(smoke_cfg)
+    others = [c for c in features.tracin_checkpoints(smoke_cfg) if c != final]
+    assert others and ekfac.folder_of(smoke_cfg, paths, "A", final) == paths.ekfac("A")
+    for c in others:
+        assert ekfac.folder_of(smoke_cfg, paths, "A", c) == paths.ekfac("A", c) != paths.ekfac("A")
+    with pytest.raises(ConfigError, match="only the TracIn checkpoints"):
+        ekfac.folder_of(smoke_cfg, paths, "A", "step_0000001")
+    want = {str(paths.ekfac("A") / "meta.json")}
+    want |= {str(paths.ekfac("A", c) / "meta.json") for c in others}
+    assert set(registry.required_files(smoke_cfg, "tracin_ekfac", "A")) == want

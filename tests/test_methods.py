@@ -152,6 +152,24 @@ def test_tracin_is_the_lr_weighted_sum_over_checkpoints():
     np.testing.assert_allclose(registry.get("tracin_dot").score(ctx, q, p), manual, rtol=1e-12)
 
 
+def test_tracin_ekfac_is_the_lr_weighted_sum_of_each_checkpoints_ekfac_scores():
+    ctx = FakeCtx(seed=3)
+    g = np.random.default_rng(4)
+    full = {c: g.standard_normal((5, 11)) for c in ctx.lr}  # [n_queries, n_pool] per checkpoint
+    ctx.ekfac = lambda c=None: full[c or ctx.final]
+    q, p = np.array([4, 0, 2]), np.array([10, 3, 5])
+    want = sum(ctx.lr[c] * full[c][q][:, p] for c in ("c1", "c2", "c3"))
+    np.testing.assert_allclose(registry.get("tracin_ekfac").score(ctx, q, p), want, rtol=1e-12)
+    one = {"c3": ctx.lr["c3"]}  # a single TracIn checkpoint: the final one's ekfac, scaled
+    ctx.tracin = lambda: list(one.items())
+    np.testing.assert_allclose(
+        registry.get("tracin_ekfac").score(ctx, q, p),
+        one["c3"] * registry.get("ekfac").score(ctx, q, p),
+        rtol=1e-12,
+    )
+    assert registry.get("tracin_ekfac").needs == ("ekfac_tracin",)
+
+
 def test_influence_with_full_curvature_equals_explicit_solve():
     ctx = FakeCtx(seed=2)
     q, p = np.array([1, 2, 4]), np.arange(11)

@@ -434,14 +434,26 @@ def _peer_rows(key: str, res: dict, ours: dict, n: int) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def paired_speedup(ours: list[float], theirs: list[float]) -> float:
+    """Median over the rounds of ``theirs[r] / ours[r]``: each round's two passes ran minutes
+    apart at most, so a drift of the machine's speed between rounds cancels in each ratio."""
+    if len(ours) != len(theirs) or not ours:
+        raise ValueError(f"paired rounds: {len(ours)} vs {len(theirs)} passes")
+    return statistics.median(t / o for o, t in zip(ours, theirs, strict=True))
+
+
 def _versus(us: str, ours: dict, key: str, res: dict, n: int) -> list[dict[str, Any]]:
-    """``us`` vs ``key``: best and median windows/s and peak memory (ratio = ours / theirs)."""
+    """``us`` vs ``key``: best and median windows/s, the median per-round speed-up and peak
+    memory (ratio = ours / theirs)."""
     (ob, om), (pb, pm) = _rates(ours, n), _rates(res, n)
+    paired = paired_speedup(ours["seconds"], res["seconds"])
     return [
         _row("peers", f"{us} vs {key}: windows/s, best", ob, "windows/s", pb),
         _row("peers", f"{us} vs {key}: windows/s, median", om, "windows/s", pm),
+        _row("peers", f"{us} vs {key}: speed-up, median over rounds of the round's ratio",
+             paired, "x", 1.0),
         _row("peers", f"{us} vs {key}: peak RSS increase", ours["peak_mb"], "MiB", res["peak_mb"]),
-    ]
+    ]  # fmt: skip
 
 
 def rows_of(
@@ -488,7 +500,7 @@ def run_peers(
     """The ``peers`` group of ``plantbench bench``: rows ``{stage, what, value, unit,
     reference, ratio}``; a peer that is not installed is logged and has no rows."""
     batch = int(cfg["features"]["batch_windows"])
-    n, rounds = (32, 3) if quick else (96, 5)
+    n, rounds = (32, 3) if quick else (96, 7)
     source = _study_source(cfg, paths, n) or _fresh_source(cfg, n)
     if len(source["ids"]) >= batch:  # whole batches: no odd-shaped last batch
         source["ids"] = source["ids"][: len(source["ids"]) // batch * batch]

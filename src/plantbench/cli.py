@@ -214,9 +214,12 @@ def cmd_ekfac(args: argparse.Namespace) -> None:
     from . import ekfac
 
     cfg = _load_cfg(args)
-    meta = ekfac.run(cfg, Paths(cfg), args.model, threads=args.threads)
+    meta = ekfac.run(cfg, Paths(cfg), args.model, checkpoint=args.checkpoint, threads=args.threads)
     info = meta["info"]
-    print(f"ekfac {args.model} {info['n_queries']} x {info['n_pool']} {meta['hash']}")
+    print(
+        f"ekfac {args.model} {info['checkpoint']} {info['n_queries']} x {info['n_pool']} "
+        f"{meta['hash']}"
+    )
 
 
 def cmd_fidelity(args: argparse.Namespace) -> None:
@@ -480,6 +483,14 @@ def _opts_checkpoint(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoint name, e.g. step_0001200")
 
 
+def _opts_ekfac(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        help="a TracIn checkpoint (tracin_ekfac); default: the final one (ekfac)",
+    )
+
+
 def _opts_grads(p: argparse.ArgumentParser) -> None:
     _opts_checkpoint(p)
     p.add_argument("--shard", type=int, default=None, metavar="K", help="pool shard K")
@@ -537,6 +548,7 @@ OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "batch": _opts_batch,
     "grads": _opts_grads,
     "curvature": _opts_checkpoint,
+    "ekfac": _opts_ekfac,
     "score": _opts_score,
     "verify": _opts_verify,
     "export": _opts_export,
@@ -560,7 +572,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "embed": (cmd_embed, "text-encoder embeddings of pool windows and queries"),
     "methods": (cmd_methods, "list the registered attribution methods"),
     "score": (cmd_score, "score every query against a model's pool with one method"),
-    "ekfac": (cmd_ekfac, "fit EK-FAC on the pool at the final checkpoint; score every query"),
+    "ekfac": (cmd_ekfac, "fit EK-FAC on the pool at one checkpoint; score every query"),
     "fidelity": (
         cmd_fidelity,
         "grade each gradient method against exact, unprojected gradient products on a subset",

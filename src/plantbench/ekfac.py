@@ -40,7 +40,7 @@ import torch
 
 from . import features, fidelity, io
 from .config import canonical_json
-from .errors import ArtifactError
+from .errors import ArtifactError, ConfigError
 from .gradients import module_io
 from .hashing import hash_bytes
 from .modeling import block_linear_names
@@ -283,14 +283,35 @@ def config_hash(cfg: dict[str, Any]) -> str:
     return hash_bytes(canonical_json(keys).encode())
 
 
+def folder_of(cfg: dict[str, Any], paths: Paths, model: str, checkpoint: str) -> Path:
+    """Where a checkpoint's scores live: ``ekfac/`` for the final one (the ``ekfac`` method),
+    ``ekfac_tracin/<checkpoint>/`` for the other TracIn checkpoints (``tracin_ekfac``)."""
+    if checkpoint == features.final_checkpoint(cfg):
+        return paths.ekfac(model)
+    if checkpoint not in features.tracin_checkpoints(cfg):
+        raise ConfigError(
+            f"EK-FAC at '{checkpoint}': only the TracIn checkpoints have a step "
+            f"({', '.join(features.tracin_checkpoints(cfg))})"
+        )
+    return paths.ekfac(model, checkpoint)
+
+
 def run(
-    cfg: dict[str, Any], paths: Paths, model: str, *, threads: int | None = None
+    cfg: dict[str, Any],
+    paths: Paths,
+    model: str,
+    *,
+    checkpoint: str | None = None,
+    threads: int | None = None,
 ) -> dict[str, Any]:
-    """Fit EK-FAC on the pool at the final checkpoint and score every query against it."""
+    """Fit EK-FAC on the pool at ``checkpoint`` (default: the final one) and score every query
+    against it."""
     features._threads(threads)
+    checkpoint = checkpoint or features.final_checkpoint(cfg)
+    where = folder_of(cfg, paths, model, checkpoint)
     stream, table, pmeta = features._stream_and_pool(paths, model)
     qs, fmeta = features._queries_table(paths)
-    entry = features.checkpoint_entry(paths, model, features.final_checkpoint(cfg))
+    entry = features.checkpoint_entry(paths, model, checkpoint)
     net = features._load_checkpoint(paths, model, entry, attn="eager")
     windows = np.asarray(stream.windows[table["window"].to_numpy(np.int64)], dtype=np.int64)
     batch, n = int(cfg["features"]["batch_windows"]), len(windows)
@@ -322,8 +343,10 @@ def run(
         "seconds": seconds,
         **ek.info(),
     }
-    meta = _write(paths.ekfac(model), out, config_hash(cfg), inputs, info)
-    log.info("ekfac %s: %d x %d scores, %s s -> %s", model, *out.shape, seconds, paths.ekfac(model))
+    meta = _write(where, out, config_hash(cfg), inputs, info)
+    log.info(
+        "ekfac %s %s: %d x %d scores, %s s -> %s", model, checkpoint, *out.shape, seconds, where
+    )
     return meta
 
 
@@ -338,11 +361,18 @@ def _write(
 
 
 def load_scores(
-    paths: Paths, model: str, *, pool_hash: str, facts_hash: str, query_ids: str
+    paths: Paths,
+    model: str,
+    *,
+    pool_hash: str,
+    facts_hash: str,
+    query_ids: str,
+    checkpoint: str | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """(scores ``[n_queries, n_pool]``, meta) of the ekfac artifact, checked against the
-    current pool, queries and final checkpoint."""
-    folder = paths.ekfac(model)
+    """(scores ``[n_queries, n_pool]``, meta) of the ekfac artifact of the final checkpoint
+    (``None``) or of another TracIn ``checkpoint``, checked against the current pool, queries
+    and that checkpoint."""
+    folder = paths.ekfac(model, checkpoint)
     meta = io.read_meta(folder, "ekfac")
     io.check_input(meta, "pool", {"hash": pool_hash}, str(folder))
     io.check_input(meta, "facts", {"hash": facts_hash}, str(folder))

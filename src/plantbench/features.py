@@ -784,6 +784,11 @@ def feature_files(cfg: dict[str, Any], model: str, needs: Sequence[str]) -> list
             files = [p.curvature(model, c) for c in tracin_checkpoints(cfg)]
         elif need == "ekfac":
             files = [p.ekfac(model) / io.META]
+        elif need == "ekfac_tracin":
+            final = final_checkpoint(cfg)
+            files = [
+                p.ekfac(model, None if c == final else c) / io.META for c in tracin_checkpoints(cfg)
+            ]
         else:
             raise ConfigError(f"unknown feature need '{need}'")
         out += [str(f) for f in files if str(f) not in out]

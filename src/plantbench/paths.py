@@ -81,8 +81,11 @@ class Paths:
     def curvature(self, model: str, checkpoint: str) -> Path:
         return self.features(model) / "curvature" / checkpoint / "curvature.npz"
 
-    def ekfac(self, model: str) -> Path:
-        return self.features(model) / "ekfac"
+    def ekfac(self, model: str, checkpoint: str | None = None) -> Path:
+        """EK-FAC scores at the final checkpoint (``None``), or at another TracIn one."""
+        if checkpoint is None:
+            return self.features(model) / "ekfac"
+        return self.features(model) / "ekfac_tracin" / checkpoint
 
     def hidden(self, model: str) -> Path:
         return self.features(model) / "hidden"

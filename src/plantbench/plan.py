@@ -27,7 +27,7 @@ Counting rules (stated so that the table can be checked by hand):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import in_context
@@ -233,6 +233,11 @@ def plan(cfg: dict[str, Any], query_tokens: int = 32) -> list[Stage]:
     )
     if "ekfac" in cfg["methods"]["enabled"]:
         out.append(_ekfac_stage(s, nm, n_pool, n_queries))
+    if "tracin_ekfac" in cfg["methods"]["enabled"] and k_tr > 1:
+        more = f"as ekfac, at {k_tr - 1} more TracIn checkpoint(s) per model"
+        out.append(
+            replace(_ekfac_stage(s, nm * (k_tr - 1), n_pool, n_queries, final=False), work=more)
+        )
     h_tok = nm * (n_pool * W + n_queries * query_tokens)
     out.append(
         Stage(
@@ -280,7 +285,7 @@ def plan(cfg: dict[str, Any], query_tokens: int = 32) -> list[Stage]:
     return out
 
 
-def _ekfac_stage(s: Shape, nm: int, n_pool: int, n_queries: int) -> Stage:
+def _ekfac_stage(s: Shape, nm: int, n_pool: int, n_queries: int, final: bool = True) -> Stage:
     """EK-FAC (:mod:`plantbench.ekfac`): passes over the pool at the final checkpoint (Kronecker
     factors, corrected eigenvalues, then scores once per chunk of queries whose preconditioned
     gradients fit in :data:`plantbench.ekfac.MEMORY_BYTES`), full weight gradients, never stored."""
@@ -290,7 +295,7 @@ def _ekfac_stage(s: Shape, nm: int, n_pool: int, n_queries: int) -> Stage:
     per_token = passes * s.grad_flops_per_token() + 4 * squares + 2 * (passes - 1) * p
     tokens = nm * passes * n_pool * s.window
     return Stage(
-        "ekfac",
+        "ekfac" if final else "ekfac_tracin",
         nm,
         f"{nm} models x {passes} passes over {n_pool:,} windows, {p:,} weights unprojected",
         tokens=tokens,

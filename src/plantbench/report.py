@@ -158,6 +158,7 @@ METHOD_LABELS = {
     "tracin_influence": "TracIn, influence",
     "influence": "Influence functions",
     "ekfac": "EK-FAC influence",
+    "tracin_ekfac": "TracIn, EK-FAC influence",
 }
 FIGURES = ("learned_rate.png", "ap_by_n_docs.png", "mass_vs_effect.png")
 

@@ -229,6 +229,36 @@ rule ekfac:
         "{params.plantbench} ekfac -c {resources.run_config:q} --replicate {params.replicate} --model {wildcards.model} --threads {threads} 2> {log:q}"
 
 
+# GPU
+# tracin_ekfac only (off by default): EK-FAC at each TracIn checkpoint but the final one (rule ekfac)
+rule ekfac_tracin:
+    input:
+        pool=rules.pool.output.meta,
+        facts=f"{R}/facts/meta.json",
+        tokenizer=rules.tokenizer.output.meta,
+        model=f"{RR}models/{{model}}/meta.json",
+    output:
+        f"{FEAT}/{{model}}/ekfac_tracin/{{checkpoint}}/meta.json",
+    log:
+        rlog_of("ekfac_{model}_{checkpoint}"),
+    benchmark:
+        rbench_of("ekfac_{model}_{checkpoint}")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        run_config=RUN_CONFIG,
+        mem_mb=lambda wc, attempt: 4000 * attempt,
+        runtime=lambda wc, attempt: 60 * attempt,
+    params:
+        replicate=replicate_of,
+        sections=sections("ekfac_tracin"),
+        plantbench=PLANTBENCH,
+    shell:
+        "{params.plantbench} ekfac -c {resources.run_config:q} --replicate {params.replicate} --model {wildcards.model} "
+        "--checkpoint {wildcards.checkpoint} --threads {threads} 2> {log:q}"
+
+
 rule fidelity:
     input:
         pool=rules.pool.output.meta,

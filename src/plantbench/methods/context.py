@@ -154,9 +154,12 @@ class Context:
             )
         return self.cache[key]
 
-    def ekfac(self) -> np.ndarray:
-        """EK-FAC scores ``[n_queries, n_pool]`` (the ``ekfac`` feature step), checked."""
-        if "_ekfac" not in self.cache:
+    def ekfac(self, checkpoint: str | None = None) -> np.ndarray:
+        """EK-FAC scores ``[n_queries, n_pool]`` (the ``ekfac`` feature step) at the final
+        checkpoint, or at another TracIn ``checkpoint``, checked."""
+        ckpt = self.final if checkpoint in (None, self.final) else checkpoint
+        key = "ekfac" if ckpt == self.final else f"ekfac/{ckpt}"
+        if f"_{key}" not in self.cache:
             from .. import ekfac
 
             s, meta = ekfac.load_scores(
@@ -165,18 +168,17 @@ class Context:
                 pool_hash=self.pool_meta["hash"],
                 facts_hash=self.facts_meta["hash"],
                 query_ids=self.query_ids,
+                checkpoint=None if ckpt == self.final else ckpt,
             )
-            if meta["info"]["checkpoint"] != self.final or s.shape != (
-                self.n_queries,
-                self.n_pool,
-            ):
+            if meta["info"]["checkpoint"] != ckpt or s.shape != (self.n_queries, self.n_pool):
                 raise ArtifactError(
-                    f"'{self.paths.ekfac(self.model)}' does not hold the final checkpoint's "
-                    "scores of these queries and pool; rerun the ekfac step"
+                    f"'{self.paths.ekfac(self.model, None if ckpt == self.final else ckpt)}' "
+                    f"does not hold checkpoint {ckpt}'s scores of these queries and pool; "
+                    "rerun its ekfac step"
                 )
-            self.cache["_ekfac"] = s
-            self.inputs["ekfac"] = meta["hash"]
-        return self.cache["_ekfac"]
+            self.cache[f"_{key}"] = s
+            self.inputs[key] = meta["hash"]
+        return self.cache[f"_{key}"]
 
     def tracin(self) -> list[tuple[str, float]]:
         """(checkpoint, learning rate of the update that produced it) for TracIn."""

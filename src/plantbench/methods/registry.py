@@ -8,7 +8,7 @@ A method is a function ``score(ctx, query_rows, pool_rows) -> np.ndarray``:
   (``ctx.pool``), the queries (``ctx.queries``), the config, lazily loaded and checked features
   (``ctx.texts()``, ``ctx.query_texts()``, ``ctx.vectors("hidden" | "embed")``,
   ``ctx.query_grads(ckpt)``, ``ctx.pool_grads(ckpt, pool_rows)``, ``ctx.curvature(ckpt)``,
-  ``ctx.tracin()`` = [(checkpoint, learning rate)], ``ctx.ekfac()``, ``ctx.final``) and ``ctx.cache``, a dict for
+  ``ctx.tracin()`` = [(checkpoint, learning rate)], ``ctx.ekfac(ckpt=final)``, ``ctx.final``) and ``ctx.cache``, a dict for
   anything the method wants to compute once (an index, preconditioned query gradients).
 - ``query_rows`` / ``pool_rows`` are int64 arrays of row positions in ``ctx.queries`` /
   ``ctx.pool`` (the scoring engine passes tiles: consecutive rows, at most
@@ -62,6 +62,7 @@ FEATURES = {
     "curvature": "damped projected Fisher at the final checkpoint",
     "curvature_tracin": "damped projected Fisher at every TracIn checkpoint",
     "ekfac": "EK-FAC influence of every query on every pool window (final checkpoint)",
+    "ekfac_tracin": "EK-FAC influence of every query on every pool window, every TracIn checkpoint",
 }
 
 BUILTIN_MODULES = (
@@ -74,6 +75,7 @@ BUILTIN_MODULES = (
     "tracin_influence",
     "influence",
     "ekfac",
+    "tracin_ekfac",
 )
 
 
