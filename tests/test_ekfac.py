@@ -198,7 +198,6 @@ def test_each_tracin_checkpoint_has_its_own_scores_folder(smoke_cfg):
     artifact per other TracIn checkpoint; a checkpoint TracIn does not use has no step."""
     from plantbench import features
     from plantbench.errors import ConfigError
-    from plantbench.methods import registry
     from plantbench.paths import Paths
 
     paths, final = Paths(smoke_cfg), features.final_checkpoint(smoke_cfg)
@@ -210,4 +209,4 @@ def test_each_tracin_checkpoint_has_its_own_scores_folder(smoke_cfg):
         ekfac.folder_of(smoke_cfg, paths, "A", "step_0000001")
     want = {str(paths.ekfac("A") / "meta.json")}
     want |= {str(paths.ekfac("A", c) / "meta.json") for c in others}
-    assert set(registry.required_files(smoke_cfg, "tracin_ekfac", "A")) == want
+    assert set(features.feature_files(smoke_cfg, "A", ["ekfac_tracin"])) == want

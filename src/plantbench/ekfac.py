@@ -22,7 +22,9 @@ unit of upweighting ``d``; > 0 = proponent.
 
 Artifact ``<replicate>/features/<model>/ekfac/``: ``scores.npy`` (float64
 ``[n_queries, n_pool]`` in pool-row order) and ``meta.json`` (per-module damping and eigenvalue
-summary, seconds of each pass).
+summary, seconds of each pass). ``tracin_ekfac`` (off by default) also needs the same at each
+other TracIn checkpoint: ``features/<model>/ekfac_tracin/<checkpoint>/`` (:func:`folder_of`,
+``plantbench ekfac --checkpoint``), fitted and scored at that checkpoint.
 """
 
 from __future__ import annotations
