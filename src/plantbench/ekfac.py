@@ -369,12 +369,12 @@ def load_scores(
     pool_hash: str,
     facts_hash: str,
     query_ids: str,
-    checkpoint: str | None = None,
+    folder: Path | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """(scores ``[n_queries, n_pool]``, meta) of the ekfac artifact of the final checkpoint
-    (``None``) or of another TracIn ``checkpoint``, checked against the current pool, queries
-    and that checkpoint."""
-    folder = paths.ekfac(model, checkpoint)
+    """(scores ``[n_queries, n_pool]``, meta) of the ekfac artifact in ``folder`` (default: the
+    final checkpoint's; another TracIn checkpoint's: :func:`folder_of`), checked against the
+    current pool, queries and the checkpoint it names."""
+    folder = folder or paths.ekfac(model)
     meta = io.read_meta(folder, "ekfac")
     io.check_input(meta, "pool", {"hash": pool_hash}, str(folder))
     io.check_input(meta, "facts", {"hash": facts_hash}, str(folder))

@@ -785,10 +785,9 @@ def feature_files(cfg: dict[str, Any], model: str, needs: Sequence[str]) -> list
         elif need == "ekfac":
             files = [p.ekfac(model) / io.META]
         elif need == "ekfac_tracin":
-            final = final_checkpoint(cfg)
-            files = [
-                p.ekfac(model, None if c == final else c) / io.META for c in tracin_checkpoints(cfg)
-            ]
+            from .ekfac import folder_of  # ekfac imports this module
+
+            files = [folder_of(cfg, p, model, c) / io.META for c in tracin_checkpoints(cfg)]
         else:
             raise ConfigError(f"unknown feature need '{need}'")
         out += [str(f) for f in files if str(f) not in out]

@@ -157,23 +157,23 @@ class Context:
     def ekfac(self, checkpoint: str | None = None) -> np.ndarray:
         """EK-FAC scores ``[n_queries, n_pool]`` (the ``ekfac`` feature step) at the final
         checkpoint, or at another TracIn ``checkpoint``, checked."""
-        ckpt = self.final if checkpoint in (None, self.final) else checkpoint
+        ckpt = checkpoint or self.final
         key = "ekfac" if ckpt == self.final else f"ekfac/{ckpt}"
         if f"_{key}" not in self.cache:
             from .. import ekfac
 
+            folder = ekfac.folder_of(self.cfg, self.paths, self.model, ckpt)
             s, meta = ekfac.load_scores(
                 self.paths,
                 self.model,
                 pool_hash=self.pool_meta["hash"],
                 facts_hash=self.facts_meta["hash"],
                 query_ids=self.query_ids,
-                checkpoint=None if ckpt == self.final else ckpt,
+                folder=folder,
             )
             if meta["info"]["checkpoint"] != ckpt or s.shape != (self.n_queries, self.n_pool):
                 raise ArtifactError(
-                    f"'{self.paths.ekfac(self.model, None if ckpt == self.final else ckpt)}' "
-                    f"does not hold checkpoint {ckpt}'s scores of these queries and pool; "
+                    f"'{folder}' does not hold checkpoint {ckpt}'s scores of these queries and pool; "
                     "rerun its ekfac step"
                 )
             self.cache[f"_{key}"] = s
