@@ -5,7 +5,8 @@ The documented names come from the README itself: a backticked file name (``name
 ``<placeholder>``/``{placeholder}``, ``NNNN`` digit runs and ``*`` wildcards) names that file
 relative to the folders of the ``### folder/`` heading above it (or to the results folder); a
 backticked folder (``name/``) under a ``###`` heading names everything inside it. The stage
-folders are the paragraph that starts with "Stage folders".
+folders are the paragraph that starts with "Stage folders"; one followed by "(only with ...)"
+is optional (made only when a method off by default is enabled), so a smoke run need not hold it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ README = ROOT / "results" / "README.md"
 STAGE_PARAGRAPH = "Stage folders"
 TICKED = re.compile(r"`([^`]+)`")
 NAME = re.compile(r"[\w.<>{}*,/-]+")
+OPTIONAL = re.compile(r"`([^`]+/)`\s*\(only with ")
 
 
 def _regex(path: str) -> str:
@@ -63,6 +65,13 @@ def stage_patterns(text: str) -> list[re.Pattern[str]]:
     return [re.compile(_regex(n.rstrip("/"))) for n in names]
 
 
+def optional_stages(text: str) -> set[str]:
+    """The stage patterns the README marks "(only with ...)": made only when a method off by
+    default is enabled."""
+    para = next(p for p in _paragraphs(text) if p[0].startswith(STAGE_PARAGRAPH))
+    return {_regex(n.rstrip("/")) for n in OPTIONAL.findall(" ".join(para))}
+
+
 def file_patterns(text: str) -> list[re.Pattern[str]]:
     """Every file pattern the README documents (stage folders' meta.json included)."""
     stage_lines = next(p for p in _paragraphs(text) if p[0].startswith(STAGE_PARAGRAPH))
@@ -94,9 +103,11 @@ def _in_stage(folder: str, stages: list[re.Pattern[str]]) -> bool:
     return any(p.fullmatch("/".join(parts[:i])) for p in stages for i in range(1, len(parts) + 1))
 
 
-def stage_problems(files: list[str], stages: list[re.Pattern[str]]) -> list[str]:
+def stage_problems(
+    files: list[str], stages: list[re.Pattern[str]], optional: set[str] = frozenset()
+) -> list[str]:
     """Stage folders without a meta.json, meta.json files outside the stage list, stage
-    patterns that match no folder, and files outside every stage folder (other than the run's
+    patterns that match no folder (unless ``optional``), and files outside every stage folder (other than the run's
     own files at the top, logs/, benchmarks/, .plantbench/ and gradient shards)."""
     folders = {str(Path(f).parent) for f in files} - {"."}
     shards = {str(Path(f).parent) for f in files if Path(f).name == "shard.json"}
@@ -106,7 +117,7 @@ def stage_problems(files: list[str], stages: list[re.Pattern[str]]) -> list[str]
         problems += [
             f"stage folder {d}/ has no meta.json" for d in matched if f"{d}/meta.json" not in files
         ]
-        if not matched:
+        if not matched and p.pattern not in optional:
             problems.append(f"no folder of the run matches the stage folder {p.pattern}")
     for f in files:
         d = str(Path(f).parent)
@@ -149,6 +160,20 @@ def test_readme_patterns_parse(readme: str) -> None:
     for f in ("facts/extra.parquet", "pool/A/pool.csv", "scores/oracle/A/x/own.parquet"):
         assert undocumented([f], pats) == [f]
     assert len(stage_patterns(readme)) >= 13
+    assert optional_stages(readme) == {_regex("features/<model>/ekfac_tracin/<checkpoint>")}
+
+
+def test_an_optional_stage_may_be_absent_but_not_without_its_meta() -> None:
+    stages = [re.compile("facts"), re.compile(r"extra/[^/]+")]
+    optional = {r"extra/[^/]+"}
+    assert stage_problems(["facts/meta.json"], stages, optional) == []
+    assert stage_problems(["facts/meta.json"], stages) == [
+        r"no folder of the run matches the stage folder extra/[^/]+"
+    ]
+    assert stage_problems(["facts/meta.json", "extra/x/scores.npy"], stages, optional) == [
+        "stage folder extra/x/ has no meta.json"
+    ]
+    assert stage_problems(["extra/x/meta.json"], stages, {"facts"}) == []
 
 
 @pytest.mark.slow
@@ -164,13 +189,13 @@ def test_every_file_of_the_smoke_run_is_documented(smoke_run: Path, readme: str)
 @pytest.mark.slow
 def test_every_stage_folder_has_its_meta_json(smoke_run: Path, readme: str) -> None:
     files = run_files(smoke_run)
-    stages = stage_patterns(readme)
-    assert not stage_problems(files, stages)
+    stages, optional = stage_patterns(readme), optional_stages(readme)
+    assert not stage_problems(files, stages, optional)
     curv = next(f for f in files if f.endswith("/curvature.npz"))
     without = [f for f in files if f != str(Path(curv).parent / "meta.json")]
-    assert stage_problems(without, stages) == [
+    assert stage_problems(without, stages, optional) == [
         f"stage folder {Path(curv).parent}/ has no meta.json"
     ]
-    assert stage_problems([*files, "newstage/table.parquet"], stages) == [
+    assert stage_problems([*files, "newstage/table.parquet"], stages, optional) == [
         "newstage/table.parquet is outside every stage folder (a stage without a meta.json?)"
     ]
