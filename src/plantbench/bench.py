@@ -49,11 +49,8 @@ from __future__ import annotations
 import csv
 import io as _io
 import logging
-import multiprocessing as mp
-import os
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -61,28 +58,14 @@ from typing import Any
 import numpy as np
 
 from . import io
+from .measure import COLUMNS, PeakMem, row, spawn
 from .paths import MODELS, Paths
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ["stage", "what", "value", "unit", "reference", "ratio"]
 CSV_NAME = "benchmarks.csv"
 PROFILE_NAME = "train_profile.txt"
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_mkldnn_matmul")
-
-
-def _row(
-    stage: str, what: str, value: float, unit: str, reference: float | None = None
-) -> dict[str, Any]:
-    ratio = None if reference in (None, 0) else float(value) / float(reference)  # type: ignore[arg-type]
-    return {
-        "stage": stage,
-        "what": what,
-        "value": float(value),
-        "unit": unit,
-        "reference": reference,
-        "ratio": ratio,
-    }
 
 
 # --------------------------------------------------------------------------- peak matmul
@@ -197,50 +180,6 @@ def train_benchmark(
 # --------------------------------------------------------------------------- scoring
 
 
-def _status_kb(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-class _PeakMem:
-    """Peak anonymous (RssAnon) and total resident (VmRSS) memory above the level at entry,
-    sampled every 2 ms."""
-
-    def __init__(self) -> None:
-        self.base_anon, self.base_rss = _status_kb("RssAnon"), _status_kb("VmRSS")
-        self.anon, self.rss = self.base_anon, self.base_rss
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def _sample(self) -> None:
-        self.anon = max(self.anon, _status_kb("RssAnon"))
-        self.rss = max(self.rss, _status_kb("VmRSS"))
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._sample()
-            time.sleep(0.002)
-
-    def __enter__(self) -> _PeakMem:
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join()
-        self._sample()
-
-    @property
-    def anon_mb(self) -> float:
-        return (self.anon - self.base_anon) / 1024
-
-    @property
-    def rss_mb(self) -> float:
-        return (self.rss - self.base_rss) / 1024
-
-
 def _tile_child(job: dict[str, Any]) -> dict[str, Any]:
     """Score ``n_q`` synthetic query vectors against ``n_pool`` pool vectors stored on disk,
     reading one pool tile at a time (as the gradient store is read)."""
@@ -266,7 +205,7 @@ def _tile_child(job: dict[str, Any]) -> dict[str, Any]:
 
         own_q = np.arange(n_q, dtype=np.int64)
         own_p = (own_q * 7919) % n_pool
-        with threadpool_limits(limits=job["threads"]), _PeakMem() as mem:
+        with threadpool_limits(limits=job["threads"]), PeakMem() as mem:
             t0 = time.perf_counter()
             score_tiled(
                 fn,
@@ -302,7 +241,7 @@ def _method_child(job: dict[str, Any]) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory() as tmp,
         threadpool_limits(limits=job["threads"]),
-        _PeakMem() as mem,
+        PeakMem() as mem,
     ):
         t0 = time.perf_counter()
         score_tiled(
@@ -318,22 +257,6 @@ def _method_child(job: dict[str, Any]) -> dict[str, Any]:
         )
         sec = time.perf_counter() - t0
     return {"seconds": sec, "pairs": ctx.n_queries * ctx.n_pool, "anon_mb": mem.anon_mb}
-
-
-def _spawn(fn: Any, job: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
-    """``fn(job)`` in a fresh process; ``env``: that process's environment instead of this one's
-    (the child imports the package anew, so the float pin follows ``env``)."""
-    saved = dict(os.environ)
-    try:
-        if env is not None:
-            os.environ.clear()
-            os.environ.update(env)
-        pool = mp.get_context("spawn").Pool(1)  # the workers start here, with os.environ
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    with pool:
-        return pool.apply(fn, (job,))
 
 
 def _train_child(job: dict[str, Any]) -> dict[str, Any]:
@@ -356,18 +279,18 @@ def pin_benchmark(
     tags: dict[str, str] = {}
     for _ in range(repeats):
         for arm, env in (("pinned", None), ("unpinned", floats.unpinned_env())):
-            res = _spawn(_train_child, job, env)
+            res = spawn(_train_child, job, env)
             arms[arm].append(res["best"])
             tags[arm] = f"pin {res['pin']}, ATen {res['capability']}"
     best = {arm: max(v) for arm, v in arms.items()}
     return [
-        _row(
+        row(
             "pretrain",
             f"tokens/s without the float pin ({tags['unpinned']}), best",
             best["unpinned"],
             "tokens/s",
         ),
-        _row(
+        row(
             "pretrain",
             f"tokens/s with the float pin ({tags['pinned']}), best; ratio: vs without",
             best["pinned"],
@@ -396,10 +319,10 @@ def study_times(bench_dir: Path) -> list[dict[str, Any]]:
         except (KeyError, ValueError, pd.errors.ParserError):
             log.warning("skipping %s: no 's' column", f)
             continue
-        rows.append(_row("study", f.stem, s, "s"))
+        rows.append(row("study", f.stem, s, "s"))
         total += s
     if rows:
-        rows.append(_row("study", f"sum over {len(rows)} rule jobs (serial time)", total, "s"))
+        rows.append(row("study", f"sum over {len(rows)} rule jobs (serial time)", total, "s"))
     return rows
 
 
@@ -422,31 +345,31 @@ def _pretrain_rows(cfg: dict[str, Any], thr: int, quick: bool, out_dir: Path, pe
         f"(micro {cfg['train']['micro_batch_windows']}), {thr} thread(s)"
     )
     rows = [
-        _row("pretrain", f"tokens/s, best ({desc})", tr["best"], "tokens/s"),
-        _row("pretrain", "tokens/s, median", tr["median"], "tokens/s", tr["best"]),
-        _row("pretrain", "FLOPs/token = 6N + 12 L d T", fpt, "FLOP"),
-        _row(
+        row("pretrain", f"tokens/s, best ({desc})", tr["best"], "tokens/s"),
+        row("pretrain", "tokens/s, median", tr["median"], "tokens/s", tr["best"]),
+        row("pretrain", "FLOPs/token = 6N + 12 L d T", fpt, "FLOP"),
+        row(
             "pretrain",
             "MFU: model FLOP per CPU-second vs matmul FLOP per CPU-second",
             tr["cpu"] * fpt,
             "FLOP/s",
             peak_cpu,
         ),
-        _row(
+        row(
             "pretrain",
             "model FLOP/s (best, wall clock) vs measured matmul peak",
             tr["best"] * fpt,
             "FLOP/s",
             peak,
         ),
-        _row(
+        row(
             "pretrain",
             "model FLOP/s (median) vs measured matmul peak",
             tr["median"] * fpt,
             "FLOP/s",
             peak,
         ),
-        _row("pretrain", "matmul share of one step's CPU time (profile)", tr["matmul_share"], ""),
+        row("pretrain", "matmul share of one step's CPU time (profile)", tr["matmul_share"], ""),
     ]
     log.info("training %.0f tokens/s, MFU %.1f%%", tr["best"], 100 * tr["cpu"] * fpt / peak_cpu)
     rows += pin_benchmark(cfg, thr, steps=2 if quick else 4, repeats=2 if quick else 3)
@@ -472,7 +395,7 @@ def _feature_rows(cfg: dict[str, Any], thr: int, quick: bool) -> list:
         sketch_dims=int(f["grad_dims"]) if f["projection"] == "sketch" else None,
     )
     return [
-        _row("features", f"{r['stage']}: {r['what']}", r["value"], r["unit"], r["reference"])
+        row("features", f"{r['stage']}: {r['what']}", r["value"], r["unit"], r["reference"])
         for r in grows
     ]
 
@@ -500,14 +423,12 @@ def _tile_rows(cfg: dict[str, Any], thr: int, quick: bool) -> list:
             "query_block": int(sc["query_block"]),
             "pool_block": int(sc["pool_block"]),
         }
-        res = _spawn(_tile_child, job)
+        res = spawn(_tile_child, job)
         tag = f"tile engine, dot product D={dim}, {n_q} queries x {n_pool:,} windows"
         rows += [
-            _row("scoring", f"{tag}: pairs/s", n_q * n_pool / res["seconds"], "pairs/s"),
-            _row("scoring", f"{tag}: peak anonymous memory", res["anon_mb"], "MiB"),
-            _row(
-                "scoring", f"{tag}: peak resident incl. file-backed scratch", res["rss_mb"], "MiB"
-            ),
+            row("scoring", f"{tag}: pairs/s", n_q * n_pool / res["seconds"], "pairs/s"),
+            row("scoring", f"{tag}: peak anonymous memory", res["anon_mb"], "MiB"),
+            row("scoring", f"{tag}: peak resident incl. file-backed scratch", res["rss_mb"], "MiB"),
         ]
     return rows
 
@@ -519,20 +440,20 @@ def _method_rows(cfg: dict[str, Any], thr: int) -> list:
     rows = []
     for method in cfg["methods"]["enabled"] + [p["name"] for p in cfg["methods"]["plugins"]]:
         try:
-            res = _spawn(
+            res = spawn(
                 _method_child, {"cfg": cfg, "method": method, "model": MODELS[0], "threads": thr}
             )
         except Exception as exc:  # a missing feature of one method must not stop the rest
             log.warning("scoring benchmark of %s skipped: %s", method, exc)
             continue
         rows += [
-            _row(
+            row(
                 "scoring",
                 f"{method} (model A, study features): pairs/s",
                 res["pairs"] / res["seconds"],
                 "pairs/s",
             ),
-            _row("scoring", f"{method}: peak anonymous memory", res["anon_mb"], "MiB"),
+            row("scoring", f"{method}: peak anonymous memory", res["anon_mb"], "MiB"),
         ]
     return rows
 
@@ -561,13 +482,13 @@ def _server_rows(paths: Paths, thr: int, repeats: int = 50) -> list:
             log.warning("server benchmark: %s", r.text)
     ms = ms[5:] or ms  # the first requests warm up the model
     return [
-        _row(
+        row(
             "server",
             f"POST /audit on twin A, median of {len(ms)} requests",
             float(np.median(ms)),
             "ms",
         ),
-        _row("server", "POST /audit, 95th percentile", float(np.percentile(ms, 95)), "ms"),
+        row("server", "POST /audit, 95th percentile", float(np.percentile(ms, 95)), "ms"),
     ]
 
 
@@ -600,9 +521,9 @@ def run(
         thr, n=1024 if quick else 2048, repeats=3 if quick else 7
     )
     rows: list[dict[str, Any]] = [
-        _row("peak", f"fp32 matmul 2048^2, {thr} thread(s), best", peak, "FLOP/s"),
-        _row("peak", "fp32 matmul, median", peak_med, "FLOP/s", peak),
-        _row("peak", "fp32 matmul per CPU-second (process CPU time x threads)", peak_cpu, "FLOP/s"),
+        row("peak", f"fp32 matmul 2048^2, {thr} thread(s), best", peak, "FLOP/s"),
+        row("peak", "fp32 matmul, median", peak_med, "FLOP/s", peak),
+        row("peak", "fp32 matmul per CPU-second (process CPU time x threads)", peak_cpu, "FLOP/s"),
     ]
     log.info("matmul peak %.1f GFLOP/s", peak / 1e9)
     if "pretrain" not in skip:

@@ -83,7 +83,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .bench import _PeakMem, _spawn
+from .measure import PeakMem, best_time, spawn
 
 DEFAULT_MODEL = {
     "n_layer": 4,
@@ -151,16 +151,6 @@ def _small(ids: Any, mask: Any) -> tuple[Any, Any]:
     return ids[:1, :8], mask[:1, :8]
 
 
-def _best(f: Any, reps: int) -> tuple[float, Any]:
-    """Best wall time of ``reps`` calls of ``f()``, and the last result."""
-    times, res = [], None
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        res = f()
-        times.append(time.perf_counter() - t0)
-    return min(times), res
-
-
 def _logra(job: dict[str, Any], model: Any, proj: Any, ids: Any, mask: Any) -> dict[str, Any]:
     from .gradients import projected_grads
 
@@ -171,9 +161,9 @@ def _logra(job: dict[str, Any], model: Any, proj: Any, ids: Any, mask: Any) -> d
             projected_grads(model, proj, ids[s : s + b], mask[s : s + b])
 
     projected_grads(model, proj, *_small(ids, mask))
-    with _PeakMem() as mem:
+    with PeakMem() as mem:
         projected_grads(model, proj, ids[:b], mask[:b])  # full-size warm-up
-        seconds, _ = _best(one_pass, job["repeats"])
+        seconds, _ = best_time(one_pass, job["repeats"])
     return {"seconds": seconds, "peak_mb": mem.rss_mb}
 
 
@@ -183,12 +173,12 @@ def _kron(job: dict[str, Any], model: Any, proj: Any, ids: Any, mask: Any) -> di
     from .gradients import dense_projections, exact_grads_projected, projected_grads
 
     exact_grads_projected(model, proj, *_small(ids, mask), dtype=torch.float32)
-    with _PeakMem() as mem:
+    with PeakMem() as mem:
         t0 = time.perf_counter()
         kw = {"dtype": torch.float32, "dense": dense_projections(proj, torch.float32)}
         build = time.perf_counter() - t0
         exact_grads_projected(model, proj, ids[:1], mask[:1], **kw)  # full-size warm-up
-        seconds, ref = _best(
+        seconds, ref = best_time(
             lambda: exact_grads_projected(model, proj, ids, mask, **kw), job["repeats"]
         )
     fast = projected_grads(model, proj, ids, mask)
@@ -210,7 +200,7 @@ def _dense(job: dict[str, Any], model: Any, proj: Any, ids: Any, mask: Any) -> d
     grad_s, proj_s, gen_s, mm_s = [], [], [], []
     small = exact_grads_flat(model, names, *_small(ids, mask), dtype=torch.float32)
     dense_random_projection(small[:, :4096], dims, DENSE_SEED)
-    with _PeakMem() as mem:
+    with PeakMem() as mem:
         exact_grads_flat(model, names, ids[:1], mask[:1], dtype=torch.float32)  # full-size warm-up
         for _ in range(reps):
             t0 = time.perf_counter()
@@ -231,7 +221,7 @@ def _dense(job: dict[str, Any], model: Any, proj: Any, ids: Any, mask: Any) -> d
             out.addmm_(flat[:, s : s + len(held)], held[: min(len(held), p - s)])
         return out
 
-    held_s, _ = _best(held_matmul, reps)
+    held_s, _ = best_time(held_matmul, reps)
     return {
         "grad_seconds": min(grad_s),
         "proj_seconds": min(proj_s),
@@ -273,10 +263,10 @@ def _child(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_child(job: dict[str, Any]) -> dict[str, Any]:
-    return _spawn(_child, job)
+    return spawn(_child, job)
 
 
-def _row(
+def row(
     stage: str, what: str, value: float, unit: str, reference: float | None = None
 ) -> dict[str, Any]:
     ratio = None if not reference else value / reference
@@ -333,8 +323,8 @@ def run_benchmark(
         + _scaling_rows(mcfg, wide, lg, lg2, exact_windows, batch)
         + _flop_rows(mcfg, vocab, window, k_in, k_out, exact_windows)
         + [
-            _row("check", "float32 |logra - exact+kron| / |exact+kron|", kr["rel_diff"], ""),
-            _row("check", "exact+dense |G R| / |G| (norm kept: ~1)", de["norm_ratio"], ""),
+            row("check", "float32 |logra - exact+kron| / |exact+kron|", kr["rel_diff"], ""),
+            row("check", "exact+dense |G R| / |G| (norm kept: ~1)", de["norm_ratio"], ""),
         ]
     )
 
@@ -357,16 +347,16 @@ def _sketch_rows(
     wps = windows / sk["seconds"]
     tag = f"D={dims}, batch {batch}, {windows} windows"
     return [
-        _row("sketch", f"windows/s ({tag})", wps, "windows/s"),
-        _row("sketch", "tokens/s", wps * window, "tokens/s"),
-        _row("sketch", f"windows/s vs logra (D={lg['dims']})", wps, "windows/s",
+        row("sketch", f"windows/s ({tag})", wps, "windows/s"),
+        row("sketch", "tokens/s", wps * window, "tokens/s"),
+        row("sketch", f"windows/s vs logra (D={lg['dims']})", wps, "windows/s",
              windows / lg["seconds"]),
-        _row("sketch", "peak RSS increase vs logra", sk["peak_mb"], "MiB", lg["peak_mb"]),
-        _row("scaling", f"sketch peak RSS increase, batch {batch}, width "
+        row("sketch", "peak RSS increase vs logra", sk["peak_mb"], "MiB", lg["peak_mb"]),
+        row("scaling", f"sketch peak RSS increase, batch {batch}, width "
              f"{common['model']['n_embd']}, measured", sk["peak_mb"], "MiB"),
-        _row("scaling", f"sketch peak RSS increase, batch {batch}, width {wide['n_embd']}, "
+        row("scaling", f"sketch peak RSS increase, batch {batch}, width {wide['n_embd']}, "
              "measured (vs the configured width)", sk2["peak_mb"], "MiB", sk["peak_mb"]),
-        _row("scaling", f"sketch vs logra peak RSS increase at width {wide['n_embd']}",
+        row("scaling", f"sketch vs logra peak RSS increase at width {wide['n_embd']}",
              sk2["peak_mb"], "MiB", lg2["peak_mb"]),
     ]  # fmt: skip
 
@@ -385,7 +375,7 @@ def _setup_rows(
         f"T={window}, {lg['params'] / 1e6:.2f}M params ({lg['linear_params'] / 1e6:.2f}M in "
         f"block linears = P), D={lg['dims']} ({k_out}x{k_in}/module), threads={threads}"
     )
-    return [_row("setup", shape, lg["params"], "params")]
+    return [row("setup", shape, lg["params"], "params")]
 
 
 def _route_rows(
@@ -407,33 +397,33 @@ def _route_rows(
         for k in ("grad_seconds", "gen_seconds", "matmul_seconds", "held_matmul_seconds")
     }
     return [
-        _row("logra", f"windows/s (batch {batch}, {windows} windows)", lg_wps, "windows/s"),
-        _row("logra", "tokens/s", lg_wps * window, "tokens/s"),
-        _row("logra", "windows/s vs exact+kron", lg_wps, "windows/s", kr_wps),
-        _row("logra", "windows/s vs exact+dense, R regenerated per batch", lg_wps, "windows/s",
+        row("logra", f"windows/s (batch {batch}, {windows} windows)", lg_wps, "windows/s"),
+        row("logra", "tokens/s", lg_wps * window, "tokens/s"),
+        row("logra", "windows/s vs exact+kron", lg_wps, "windows/s", kr_wps),
+        row("logra", "windows/s vs exact+dense, R regenerated per batch", lg_wps, "windows/s",
              regen_wps),
-        _row("logra", "windows/s vs exact+dense, R held", lg_wps, "windows/s", held_wps),
-        _row("logra", "peak RSS increase", lg["peak_mb"], "MiB"),
-        _row("logra", "peak RSS increase vs exact+kron", lg["peak_mb"], "MiB", kr["peak_mb"]),
-        _row("logra", "peak RSS increase vs exact+dense (regenerating)", lg["peak_mb"], "MiB",
+        row("logra", "windows/s vs exact+dense, R held", lg_wps, "windows/s", held_wps),
+        row("logra", "peak RSS increase", lg["peak_mb"], "MiB"),
+        row("logra", "peak RSS increase vs exact+kron", lg["peak_mb"], "MiB", kr["peak_mb"]),
+        row("logra", "peak RSS increase vs exact+dense (regenerating)", lg["peak_mb"], "MiB",
              de["peak_mb"]),
-        _row("exact+kron", f"windows/s (per-example, {n} windows)", kr_wps, "windows/s"),
-        _row("exact+kron", "tokens/s", kr_wps * window, "tokens/s"),
-        _row("exact+kron", "peak RSS increase (incl. Kronecker matrices)", kr["peak_mb"], "MiB"),
-        _row("exact+kron", "one-off Kronecker matrix build", kr["build_seconds"], "s"),
-        _row("exact+dense", "per-example gradients, s per window", per_win["grad_seconds"], "s"),
-        _row("exact+dense", f"generating R, s per window (P*D signs per {n} windows)",
+        row("exact+kron", f"windows/s (per-example, {n} windows)", kr_wps, "windows/s"),
+        row("exact+kron", "tokens/s", kr_wps * window, "tokens/s"),
+        row("exact+kron", "peak RSS increase (incl. Kronecker matrices)", kr["peak_mb"], "MiB"),
+        row("exact+kron", "one-off Kronecker matrix build", kr["build_seconds"], "s"),
+        row("exact+dense", "per-example gradients, s per window", per_win["grad_seconds"], "s"),
+        row("exact+dense", f"generating R, s per window (P*D signs per {n} windows)",
              per_win["gen_seconds"], "s"),
-        _row("exact+dense", "matmuls with in-cache R tiles, s per window",
+        row("exact+dense", "matmuls with in-cache R tiles, s per window",
              per_win["matmul_seconds"], "s"),
-        _row("exact+dense", f"matmuls with a held {de['held_block_mb']:.0f} MiB R block, s per "
+        row("exact+dense", f"matmuls with a held {de['held_block_mb']:.0f} MiB R block, s per "
              "window", per_win["held_matmul_seconds"], "s"),
-        _row("exact+dense", f"windows/s (R regenerated per batch of {n})", regen_wps, "windows/s"),
-        _row("exact+dense", "tokens/s (R regenerated)", regen_wps * window, "tokens/s"),
-        _row("exact+dense", f"windows/s excluding generation (R held: {held_gb:.1f} GB fp32)",
+        row("exact+dense", f"windows/s (R regenerated per batch of {n})", regen_wps, "windows/s"),
+        row("exact+dense", "tokens/s (R regenerated)", regen_wps * window, "tokens/s"),
+        row("exact+dense", f"windows/s excluding generation (R held: {held_gb:.1f} GB fp32)",
              held_wps, "windows/s"),
-        _row("exact+dense", "tokens/s (R held)", held_wps * window, "tokens/s"),
-        _row("exact+dense", f"peak RSS increase (regenerating, batch {n})", de["peak_mb"], "MiB"),
+        row("exact+dense", "tokens/s (R held)", held_wps * window, "tokens/s"),
+        row("exact+dense", f"peak RSS increase (regenerating, batch {n})", de["peak_mb"], "MiB"),
     ]  # fmt: skip
 
 
@@ -451,11 +441,11 @@ def _scaling_rows(
         grads, held = n * res["linear_params"] * 4, res["linear_params"] * res["dims"] * 4
         ref = lg["peak_mb"] if res is lg2 else None
         rows += [
-            _row("scaling", f"logra peak RSS increase, batch {batch}, {tag}, measured",
+            row("scaling", f"logra peak RSS increase, batch {batch}, {tag}, measured",
                  res["peak_mb"], "MiB", ref),
-            _row("scaling", f"exact+dense gradient buffer n*P*4 (n={n}), {tag}, computed",
+            row("scaling", f"exact+dense gradient buffer n*P*4 (n={n}), {tag}, computed",
                  grads / 2**20, "MiB"),
-            _row("scaling", f"exact+dense held R P*D*4 ({held / 1e9:.1f} GB), {tag}, computed",
+            row("scaling", f"exact+dense held R P*D*4 ({held / 1e9:.1f} GB), {tag}, computed",
                  held / 2**20, "MiB"),
         ]  # fmt: skip
     return rows
@@ -468,12 +458,12 @@ def _flop_rows(
     kron = (f["exact"] + f["kron"]) / f["logra"]
     held = (f["exact"] + f["dense"]) / f["logra"]
     return [
-        _row("flops", "per window: logra (fwd + activation backward + hooks)", f["logra"], "FLOP"),
-        _row("flops", "per window: exact per-example gradient", f["exact"], "FLOP"),
-        _row("flops", "per window: dense projection 2*P*D", f["dense"], "FLOP"),
-        _row("flops", f"random signs of R per batch of {n} (P*D)", f["signs"], "values"),
-        _row("flops", "flop-bound logra ratio vs exact+kron, computed", kron, "x"),
-        _row("flops", "flop-bound logra ratio vs exact+dense, R held, computed", held, "x"),
+        row("flops", "per window: logra (fwd + activation backward + hooks)", f["logra"], "FLOP"),
+        row("flops", "per window: exact per-example gradient", f["exact"], "FLOP"),
+        row("flops", "per window: dense projection 2*P*D", f["dense"], "FLOP"),
+        row("flops", f"random signs of R per batch of {n} (P*D)", f["signs"], "values"),
+        row("flops", "flop-bound logra ratio vs exact+kron, computed", kron, "x"),
+        row("flops", "flop-bound logra ratio vs exact+dense, R held, computed", held, "x"),
     ]
 
 

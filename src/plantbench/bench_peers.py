@@ -67,9 +67,8 @@ from typing import Any
 
 import numpy as np
 
-from .bench import _PeakMem, _row
-from .bench_gradients import _best
 from .errors import PlantbenchError
+from .measure import PeakMem, best_time, row
 from .paths import MODELS, Paths
 
 log = logging.getLogger(__name__)
@@ -310,13 +309,13 @@ def _w_setup(job: dict[str, Any]) -> dict[str, Any]:
         feats(ids[-(len(ids) % job["batch"]) :])
     setup = time.perf_counter() - t0
     _release_heap()
-    _W.update(feats=feats, ids=ids, tmp=tmp, last=out, mem=_PeakMem().__enter__())
+    _W.update(feats=feats, ids=ids, tmp=tmp, last=out, mem=PeakMem().__enter__())
     return {"setup_seconds": setup, "projection": _describe(proj), "side": side}
 
 
 def _w_round(_: Any = None) -> float:
     """One timed pass over the chunk (seconds)."""
-    seconds, _W["last"] = _best(lambda: _W["feats"](_W["ids"]), 1)
+    seconds, _W["last"] = best_time(lambda: _W["feats"](_W["ids"]), 1)
     return seconds
 
 
@@ -407,10 +406,10 @@ def _rates(res: dict[str, Any], n: int) -> tuple[float, float]:
 def _tool_rows(tool: str, res: dict[str, Any], n: int, label: str) -> list[dict[str, Any]]:
     best, med = _rates(res, n)
     return [
-        _row("peers", f"{label}: windows/s, best", best, "windows/s"),
-        _row("peers", f"{tool}: windows/s, median", med, "windows/s", best),
-        _row("peers", f"{tool}: peak RSS increase over the rounds", res["peak_mb"], "MiB"),
-        _row("peers", f"{tool}: one-off setup + full-size warm-up", res["setup_seconds"], "s"),
+        row("peers", f"{label}: windows/s, best", best, "windows/s"),
+        row("peers", f"{tool}: windows/s, median", med, "windows/s", best),
+        row("peers", f"{tool}: peak RSS increase over the rounds", res["peak_mb"], "MiB"),
+        row("peers", f"{tool}: one-off setup + full-size warm-up", res["setup_seconds"], "s"),
     ]
 
 
@@ -427,9 +426,9 @@ def _peer_rows(key: str, res: dict, ours: dict, n: int) -> list[dict[str, Any]]:
     dims = f"D={res['dims']} ({p}x{p} per module)" + ("" if res["dims"] == d else f", ours D={d}")
     label = f"{key} {_version(peer)} ({API[peer]}), {dims}"
     return _tool_rows(key, res, n, label) + _versus("ours", ours, key, res, n) + [
-        _row("peers", f"check {key}: feature dims vs ours (all finite: {res['finite']})",
+        row("peers", f"check {key}: feature dims vs ours (all finite: {res['finite']})",
              res["dims"], "dims", d),
-        _row("peers", f"check {key}: mean per-window feature norm vs ours (same gradients: ~1)",
+        row("peers", f"check {key}: mean per-window feature norm vs ours (same gradients: ~1)",
              float(res["norms"].mean()), "", float(ours["norms"].mean())),
     ]  # fmt: skip
 
@@ -448,11 +447,11 @@ def _versus(us: str, ours: dict, key: str, res: dict, n: int) -> list[dict[str, 
     (ob, om), (pb, pm) = _rates(ours, n), _rates(res, n)
     paired = paired_speedup(ours["seconds"], res["seconds"])
     return [
-        _row("peers", f"{us} vs {key}: windows/s, best", ob, "windows/s", pb),
-        _row("peers", f"{us} vs {key}: windows/s, median", om, "windows/s", pm),
-        _row("peers", f"{us} vs {key}: speed-up, median over rounds of the round's ratio",
+        row("peers", f"{us} vs {key}: windows/s, best", ob, "windows/s", pb),
+        row("peers", f"{us} vs {key}: windows/s, median", om, "windows/s", pm),
+        row("peers", f"{us} vs {key}: speed-up, median over rounds of the round's ratio",
              paired, "x", 1.0),
-        _row("peers", f"{us} vs {key}: peak RSS increase", ours["peak_mb"], "MiB", res["peak_mb"]),
+        row("peers", f"{us} vs {key}: peak RSS increase", ours["peak_mb"], "MiB", res["peak_mb"]),
     ]  # fmt: skip
 
 
@@ -467,7 +466,7 @@ def rows_of(
         f"{ours['projection']}; batch {cfg['features']['batch_windows']}, float32, {threads} "
         f"thread(s), {rounds} rounds over the same {n} windows, tools alternating"
     )
-    rows = [_row("peers", setup, n, "windows")]
+    rows = [row("peers", setup, n, "windows")]
     rows += _tool_rows("ours", ours, n, "ours (plantbench projected_grads)")
     same = got.get("ours@logra")
     if same is not None:
