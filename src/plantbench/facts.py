@@ -996,8 +996,20 @@ def verify(tables: Mapping[str, pd.DataFrame], cfg: Mapping[str, Any] | None = N
     distractors per entity, candidates per fact).
     """
     _check_columns(tables)
-    facts, docs, dis = tables["facts"], tables["documents"], tables["distractors"]
-    queries, cands = tables["queries"], tables["candidates"]
+    _verify_ids(tables)
+    by_id, answers = _verify_facts(tables["facts"])
+    cand_owner = _verify_candidates(tables["candidates"], by_id, answers)
+    _verify_queries(tables["queries"], by_id)
+    phrases = {f.answer: f.fact_id for f in by_id.values()}
+    phrases.update((c, fid) for c, fid in cand_owner.items() if c not in phrases)
+    texts = _TextRules(_PhraseIndex(phrases), answers)
+    _verify_documents(tables["documents"], by_id, texts)
+    _verify_distractors(tables["distractors"], by_id, texts)
+    if cfg is not None:
+        _verify_counts(tables, cfg)
+
+
+def _verify_ids(tables: Mapping[str, pd.DataFrame]) -> None:
     for table, cols in (
         ("facts", ["fact_id"]),
         ("facts", ["entity_id"]),
@@ -1008,19 +1020,26 @@ def verify(tables: Mapping[str, pd.DataFrame], cfg: Mapping[str, Any] | None = N
         ("candidates", ["fact_id", "candidate_index"]),
     ):
         _check_unique(tables[table], table, cols)
-    clash = set(docs["doc_id"]) & set(dis["doc_id"])
+    clash = set(tables["documents"]["doc_id"]) & set(tables["distractors"]["doc_id"])
     if clash:
         _fail(
             f"doc id {sorted(clash)[0]} breaks rule 'duplicate-id': it is used by both a "
             "document and a distractor"
         )
 
-    # facts
+
+def _answer_shaped(a: str) -> bool:
+    return bool(a) and a[0].isalnum() and a[-1].isalnum()
+
+
+def _verify_facts(facts: pd.DataFrame) -> tuple[dict[str, Any], dict[str, str]]:
+    """The facts' own rules; returns the facts by id and the fact id of every lower-cased
+    answer."""
     answers: dict[str, str] = {}
     by_id = {}
     for f in facts.itertuples(index=False):
         a = f.answer
-        if not a or not a[0].isalnum() or not a[-1].isalnum() or a != a.strip():
+        if not _answer_shaped(a) or a != a.strip():
             _fail(
                 f"fact {f.fact_id} breaks rule 'answer-shape': answer {_short(a)} must start "
                 "and end with a letter or digit"
@@ -1037,35 +1056,43 @@ def verify(tables: Mapping[str, pd.DataFrame], cfg: Mapping[str, Any] | None = N
         answers[a.lower()] = f.fact_id
         by_id[f.fact_id] = f
     _check_unique(facts, "facts", ["cell", "pair"])
+    return by_id, answers
 
-    # candidates
+
+def _verify_candidate_set(fid: str, grp: pd.DataFrame, by_id: dict, answers: dict) -> None:
+    n_true = int(grp["is_true"].sum())
+    if n_true != 1:
+        _fail(f"candidates of fact {fid} break rule 'one-true': {n_true} true answers")
+    true = grp.loc[grp["is_true"], "candidate"].iloc[0]
+    if true != by_id[fid].answer:
+        _fail(f"candidates of fact {fid} break rule 'true-is-answer': {_short(true)}")
+    low = grp["candidate"].str.lower()
+    if low.duplicated().any():
+        _fail(
+            f"candidates of fact {fid} break rule 'distinct': "
+            f"{_short(low[low.duplicated()].iloc[0])} occurs twice"
+        )
+    if sorted(grp["candidate_index"]) != list(range(len(grp))):
+        _fail(f"candidates of fact {fid} break rule 'candidate-index': not 0..{len(grp) - 1}")
+    for c in grp.loc[~grp["is_true"], "candidate"]:
+        if c.lower() in answers:
+            _fail(
+                f"candidates of fact {fid} break rule 'invented-candidate': {_short(c)} "
+                f"is the true answer of {answers[c.lower()]}"
+            )
+        if not _answer_shaped(c):
+            _fail(f"candidates of fact {fid} break rule 'answer-shape': {_short(c)}")
+
+
+def _verify_candidates(cands: pd.DataFrame, by_id: dict, answers: dict) -> dict[str, str]:
+    """Every fact's candidate set; returns the (first) fact of every false candidate."""
     cand_owner: dict[str, str] = {}
     sizes = set()
     for fid, grp in cands.groupby("fact_id", sort=True):
         if fid not in by_id:
             _fail(f"candidates of unknown fact {fid} (rule 'unknown-fact')")
-        n_true = int(grp["is_true"].sum())
-        if n_true != 1:
-            _fail(f"candidates of fact {fid} break rule 'one-true': {n_true} true answers")
-        true = grp.loc[grp["is_true"], "candidate"].iloc[0]
-        if true != by_id[fid].answer:
-            _fail(f"candidates of fact {fid} break rule 'true-is-answer': {_short(true)}")
-        low = grp["candidate"].str.lower()
-        if low.duplicated().any():
-            _fail(
-                f"candidates of fact {fid} break rule 'distinct': "
-                f"{_short(low[low.duplicated()].iloc[0])} occurs twice"
-            )
-        if sorted(grp["candidate_index"]) != list(range(len(grp))):
-            _fail(f"candidates of fact {fid} break rule 'candidate-index': not 0..{len(grp) - 1}")
+        _verify_candidate_set(fid, grp, by_id, answers)
         for c in grp.loc[~grp["is_true"], "candidate"]:
-            if c.lower() in answers:
-                _fail(
-                    f"candidates of fact {fid} break rule 'invented-candidate': {_short(c)} "
-                    f"is the true answer of {answers[c.lower()]}"
-                )
-            if not c or not c[0].isalnum() or not c[-1].isalnum():
-                _fail(f"candidates of fact {fid} break rule 'answer-shape': {_short(c)}")
             cand_owner.setdefault(c, fid)
         sizes.add(len(grp))
     missing = set(by_id) - set(cands["fact_id"])
@@ -1073,8 +1100,10 @@ def verify(tables: Mapping[str, pd.DataFrame], cfg: Mapping[str, Any] | None = N
         _fail(f"fact {sorted(missing)[0]} has no candidates (rule 'one-true')")
     if len(sizes) > 1:
         _fail(f"candidate sets differ in size {sorted(sizes)} (rule 'candidate-count')")
+    return cand_owner
 
-    # queries
+
+def _verify_queries(queries: pd.DataFrame, by_id: dict) -> None:
     for q in queries.itertuples(index=False):
         f = by_id.get(q.fact_id)
         if f is None:
@@ -1088,29 +1117,39 @@ def verify(tables: Mapping[str, pd.DataFrame], cfg: Mapping[str, Any] | None = N
         if per_fact[fid] != len(FORMS):
             _fail(f"fact {fid} has {per_fact[fid]} queries (rule 'query-contract'), expected 2")
 
-    # documents and distractors
-    phrases = {a: f.fact_id for f in by_id.values() for a in [f.answer]}
-    phrases.update((c, fid) for c, fid in cand_owner.items() if c not in phrases)
-    index = _PhraseIndex(phrases)
-    texts: dict[str, str] = {}
 
-    def check_text(doc_id: str, text: str, entity: str) -> None:
+class _TextRules:
+    """The rules every document and distractor text obeys, with the texts seen so far (for
+    'duplicate-text') and the index of every answer and candidate phrase."""
+
+    def __init__(self, index: _PhraseIndex, answers: dict[str, str]) -> None:
+        self.index, self.answers = index, answers
+        self.texts: dict[str, str] = {}
+
+    def check(self, doc_id: str, text: str, entity: str) -> None:
         if len(text) > MAX_DOC_CHARS:
             _fail(
                 f"document {doc_id} breaks rule 'too-long': {len(text)} characters "
                 f"> {MAX_DOC_CHARS}"
             )
-        if text in texts:
-            _fail(f"document {doc_id} breaks rule 'duplicate-text': same text as {texts[text]}")
-        texts[text] = doc_id
+        if text in self.texts:
+            _fail(
+                f"document {doc_id} breaks rule 'duplicate-text': same text as {self.texts[text]}"
+            )
+        self.texts[text] = doc_id
         if entity not in text:
             _fail(f"document {doc_id} breaks rule 'names-entity': it never names {_short(entity)}")
 
+    def kind(self, phrase: str) -> str:
+        return "answer" if phrase in self.answers else "candidate answer"
+
+
+def _verify_documents(docs: pd.DataFrame, by_id: dict, texts: _TextRules) -> None:
     for d in docs.itertuples(index=False):
         f = by_id.get(d.fact_id)
         if f is None:
             _fail(f"document {d.doc_id} breaks rule 'unknown-fact': {d.fact_id}")
-        check_text(d.doc_id, d.text, f.entity)
+        texts.check(d.doc_id, d.text, f.entity)
         n = d.text.count(f.sentence)
         if n != 1:
             _fail(
@@ -1123,14 +1162,13 @@ def verify(tables: Mapping[str, pd.DataFrame], cfg: Mapping[str, Any] | None = N
                 f"{_short(f.entity)} only inside the fact sentence"
             )
         own = 0
-        for phrase, owner, _ in index.find(d.text):
+        for phrase, owner, _ in texts.index.find(d.text):
             if owner == f.fact_id and phrase == f.answer.lower():
                 own += 1
                 continue
-            kind = "answer" if phrase in answers else "candidate answer"
             _fail(
                 f"document {d.doc_id} (fact {f.fact_id}) breaks rule 'other-answer': it contains "
-                f"the {kind} {_short(phrase)} of fact {owner}"
+                f"the {texts.kind(phrase)} {_short(phrase)} of fact {owner}"
             )
         if own != 1:
             _fail(
@@ -1138,27 +1176,25 @@ def verify(tables: Mapping[str, pd.DataFrame], cfg: Mapping[str, Any] | None = N
                 f"occurs {own} times, expected once (inside the sentence)"
             )
 
+
+def _verify_distractors(dis: pd.DataFrame, by_id: dict, texts: _TextRules) -> None:
     sentences = {f.sentence: f.fact_id for f in by_id.values()}
     for d in dis.itertuples(index=False):
         f = by_id.get(d.fact_id)
         if f is None or f.entity_id != d.entity_id:
             _fail(f"distractor {d.doc_id} breaks rule 'unknown-entity': {d.entity_id}/{d.fact_id}")
-        check_text(d.doc_id, d.text, f.entity)
+        texts.check(d.doc_id, d.text, f.entity)
         for s, fid in sentences.items():
             if s in d.text:
                 _fail(
                     f"distractor {d.doc_id} breaks rule 'no-sentence': it contains the "
                     f"sentence of fact {fid}"
                 )
-        for phrase, owner, _ in index.find(d.text):
-            kind = "answer" if phrase in answers else "candidate answer"
+        for phrase, owner, _ in texts.index.find(d.text):
             _fail(
-                f"distractor {d.doc_id} breaks rule 'no-answer': it contains the {kind} "
-                f"{_short(phrase)} of fact {owner}"
+                f"distractor {d.doc_id} breaks rule 'no-answer': it contains the "
+                f"{texts.kind(phrase)} {_short(phrase)} of fact {owner}"
             )
-
-    if cfg is not None:
-        _verify_counts(tables, cfg)
 
 
 def _verify_counts(tables: Mapping[str, pd.DataFrame], cfg: Mapping[str, Any]) -> None:
