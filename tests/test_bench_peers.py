@@ -85,7 +85,7 @@ def test_missing_peers_are_skipped_with_one_line(
     monkeypatch.setattr(bench_peers, "measure", measure)
     with caplog.at_level(logging.INFO, logger="plantbench.bench_peers"):
         rows = bench_peers.run_peers(cfg, Paths(cfg), threads=1, quick=True)
-    assert seen["peers"] == ["ours@logra"] and seen["rounds"] == 3  # no peer
+    assert seen["peers"] == ["ours@logra", "floor"] and seen["rounds"] == 3  # no peer
     assert seen["n"] % 4 == 0 and "fresh seeded model" in seen["what"]  # no study under tmp
     for peer in bench_peers.PEERS:
         line = f"peer benchmark: {peer} is not installed (make peers-bench installs it): skipped"
@@ -193,3 +193,34 @@ def test_ours_with_logra_is_compared_only_at_the_peers_side(tmp_path: Path) -> N
     assert "ours@logra vs bergson@8: windows/s, best" not in rows  # not the same D
     label = next(w for w in rows if w.startswith("bergson@8 ") and w.endswith("best"))
     assert "D=896 (8x8 per module), ours D=224" in label
+
+
+def test_the_floor_is_the_frozen_pass_and_bounds_every_tool(tmp_path: Path) -> None:
+    """The floor's features are each window's summed loss (the unfused loss of the same
+    model), its parameters stay as they were, and every tool's time is given over the
+    floor's, round by round."""
+    import torch
+
+    from plantbench.gradients import example_losses
+
+    cfg = _tiny_cfg(tmp_path)
+    source = bench_peers._fresh_source(cfg, 6)
+    model = bench_peers._load({"model": source["model"]})
+    flags = [p.requires_grad for p in model.parameters()]
+    ids = torch.as_tensor(source["ids"])
+    got = bench_peers._floor({"batch": 4}, model, None)(ids)  # batches of 4 and 2
+    with torch.no_grad():
+        want = example_losses(model, ids, torch.ones_like(ids, dtype=torch.bool))
+    assert got.shape == (6, 1) and torch.allclose(got[:, 0], want, rtol=1e-5)
+    assert [p.requires_grad for p in model.parameters()] == flags
+
+    fakes = {
+        "ours": _fake_result([2.0, 4.0, 2.0], 100.0, 5.0),
+        "bergson": _fake_result([3.0, 3.0, 6.0], 400.0, 5.0),
+        "floor": _fake_result([1.0, 2.0, 2.0], 10.0, 1.0, dims=1),
+    }
+    rows = {r["what"]: r for r in bench_peers.rows_of(cfg, source, fakes, threads=1, rounds=3)}
+    over = ": time over the floor's, median over rounds of the round's ratio"
+    assert rows["ours" + over]["value"] == 2.0  # rounds 2, 2, 1
+    assert rows["bergson" + over]["value"] == 3.0  # rounds 3, 1.5, 3
+    assert "floor" + over not in rows and not any(w.startswith("ours vs floor") for w in rows)

@@ -101,7 +101,9 @@ def _copy_without(src: Path, dst: Path, drop: tuple[str, ...]) -> None:
 
 def test_killed_during_feature_extraction_resumes_to_identical_scores(smoke_run, tmp_path):
     """SIGKILL the whole Snakemake run (its process group) once some gradient shards are
-    finished; rerun: finished shards are kept, the rest recomputed, the scores identical."""
+    finished; rerun: finished shards are kept, the rest recomputed, the scores identical. The
+    target is twin A's TracIn scores: every gradient shard of A, at both checkpoints (the other
+    features and methods add time, not cases)."""
     import json
     import signal
     import time
@@ -113,8 +115,10 @@ def test_killed_during_feature_extraction_resumes_to_identical_scores(smoke_run,
     # as in the one-shard run and the features are bit-identical)
     override = tmp_path / "shards.yaml"
     override.write_text("features:\n  shard_windows: 96\n")
+    target = "scores/tracin_dot/A/meta.json"
     args = [
         str(Path(sys.executable).parent / "snakemake"),
+        str(results / target),
         "--profile",
         "profiles/local",
         "--cores",
@@ -147,9 +151,7 @@ def test_killed_during_feature_extraction_resumes_to_identical_scores(smoke_run,
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     kept = {p: p.stat().st_mtime_ns for p in done}
-    assert len(list(results.glob("scores/*/*/meta.json"))) < len(
-        list(smoke_run.glob("scores/*/*/meta.json"))
-    )
+    assert not (results / target).exists()
 
     subprocess.run([*args, "--unlock"], cwd=ROOT, env=env, capture_output=True, check=True)
     i = args.index("--cores")
@@ -158,11 +160,13 @@ def test_killed_during_feature_extraction_resumes_to_identical_scores(smoke_run,
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     for p, mtime in kept.items():
         assert p.stat().st_mtime_ns == mtime, f"{p} was recomputed"
-    for meta in sorted(smoke_run.glob("scores/*/*/meta.json")):
-        rel = meta.relative_to(smoke_run)
-        assert (
-            json.loads((results / rel).read_text())["hash"] == json.loads(meta.read_text())["hash"]
-        ), rel
+    assert sorted(
+        p.relative_to(results).as_posix() for p in results.glob("scores/*/*/meta.json")
+    ) == [target]
+    assert (
+        json.loads((results / target).read_text())["hash"]
+        == json.loads((smoke_run / target).read_text())["hash"]
+    )
 
 
 def test_flipped_byte_in_a_checkpoint_is_refused(smoke_run, tmp_path):
@@ -296,8 +300,10 @@ def test_adding_a_plugin_reruns_no_other_method(smoke_run, plugin_config, tmp_pa
 def test_a_refused_second_invocation_cannot_change_the_running_one(
     smoke_run, plugin_config, tmp_path
 ):
-    """Start a run; while it trains, start another on the same folder with other settings (the
-    lock refuses it); the first run must finish exactly as an undisturbed one."""
+    """Start a run; while it trains, start another on the same folder with another learning
+    rate (the lock refuses it); the first run must finish exactly as an undisturbed one. The
+    target is the causal step (data steps, both twins, their causal effects): the second run's
+    setting would change them all, and the later stages add time, not cases."""
     import time
 
     results = tmp_path / "rés ults"
@@ -310,8 +316,9 @@ def test_a_refused_second_invocation_cannot_change_the_running_one(
         "tests/smoke/config.yaml",
         str(plugin_config),
     ]
+    targets = [str(results / "causal" / "meta.json")]  # its inputs: the data steps, both twins
     first = subprocess.Popen(
-        [*base, "--config", f"results={results}"],
+        [base[0], *targets, *base[1:], "--config", f"results={results}"],
         cwd=ROOT,
         env=env,
         start_new_session=True,
@@ -326,9 +333,9 @@ def test_a_refused_second_invocation_cannot_change_the_running_one(
             time.sleep(0.2)
         assert first.poll() is None, "the first run ended before the second could start"
         other = tmp_path / "other.yaml"
-        other.write_text("analysis:\n  bootstrap: 50\n")
+        other.write_text("train:\n  lr: 1.0e-3\n")
         second = subprocess.run(
-            [*base, str(other), "--config", f"results={results}"],
+            [base[0], *targets, *base[1:], str(other), "--config", f"results={results}"],
             cwd=ROOT,
             env=env,
             capture_output=True,
@@ -341,12 +348,20 @@ def test_a_refused_second_invocation_cannot_change_the_running_one(
     finally:
         if first.poll() is None:
             os.killpg(first.pid, 9)
-    assert artifact_hashes(results) == artifact_hashes(smoke_run)
-    info = json.loads((results / "analysis" / "meta.json").read_text())["info"]
-    assert (
-        info["bootstrap"]
-        == json.loads((smoke_run / "config.json").read_text())["analysis"]["bootstrap"]
-    )
+    made, undisturbed = artifact_hashes(results), artifact_hashes(smoke_run)
+    assert set(made) == {
+        "facts",
+        "corpus",
+        "tokenizer",
+        "stream/A",
+        "stream/B",
+        "models/A",
+        "models/B",
+        "causal",
+    }
+    assert made == {k: undisturbed[k] for k in made}
+    lr = json.loads((results / "config.json").read_text())["train"]["lr"]
+    assert lr == json.loads((smoke_run / "config.json").read_text())["train"]["lr"] != 1.0e-3
 
 
 def test_a_second_replicate_adds_its_own_jobs_and_reuses_replicate_zero(

@@ -164,6 +164,31 @@ def _ours(job: dict[str, Any], model: Any, proj: Any) -> Featurizer:
     return run
 
 
+def _floor(job: dict[str, Any], model: Any, proj: Any) -> Featurizer:
+    """No featurizer: the frozen model's forward and backward with our fused loss and nothing
+    captured, the work every featurizer of ours pays (its features: each window's loss). A
+    peer's time over the floor's is the most any featurizer sharing that pass could gain."""
+    import torch
+
+    from .gradients import example_losses, frozen_eval
+
+    b = job["batch"]
+
+    def run(ids: torch.Tensor) -> torch.Tensor:
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        out = []
+        with frozen_eval(model), torch.enable_grad():
+            for s in range(0, len(ids), b):
+                x = ids[s : s + b]
+                embeds = model.get_input_embeddings()(x).detach().requires_grad_(True)
+                losses = example_losses(model, x, mask[s : s + b], inputs_embeds=embeds, fused=True)
+                torch.autograd.grad(losses.sum(), embeds)
+                out.append(losses.detach()[:, None])
+        return torch.cat(out)
+
+    return run
+
+
 def _bergson(job: dict[str, Any], model: Any, proj: Any) -> Featurizer:
     import torch
     from bergson import CollectorComputer, IndexConfig, InMemoryCollector
@@ -243,6 +268,7 @@ def _dattri(job: dict[str, Any], model: Any, proj: Any) -> Featurizer:
 
 FEATURIZERS: dict[str, Callable[[dict[str, Any], Any, Any], Featurizer]] = {
     "ours": _ours,
+    "floor": _floor,
     "bergson": _bergson,
     "dattri": _dattri,
 }
@@ -360,7 +386,7 @@ def _start(tools: list[str], job: dict[str, Any], stack: contextlib.ExitStack) -
         try:
             workers[tool] = (pool, pool.apply(_w_setup, ({**job, "tool": tool},)))
         except Exception as exc:  # a peer's import or API failure must not stop the group
-            if tool.startswith("ours"):
+            if tool.startswith("ours") or tool == "floor":
                 raise
             log.warning(
                 "peer benchmark: %s failed (%s: %s): skipped", tool, type(exc).__name__, exc
@@ -471,18 +497,37 @@ def rows_of(
     same = got.get("ours@logra")
     if same is not None:
         rows += _tool_rows("ours@logra", same, n, f"ours@logra ({same['projection']})")
-    for key in (k for k in got if not k.startswith("ours")):
+    for key in (k for k in got if not k.startswith("ours") and k != "floor"):
         rows += _peer_rows(key, got[key], ours, n)
         if same is not None and got[key]["side"] == same["side"]:
             rows += _versus("ours@logra", same, key, got[key], n)
+    if "floor" in got:
+        rows += _floor_rows(got, n)
+    return rows
+
+
+def _floor_rows(got: dict, n: int) -> list[dict[str, Any]]:
+    """The floor's rate, and every tool's time over the floor's (median over rounds of the
+    round's ratio): for a peer, the most a featurizer that pays only the floor could be faster
+    than it."""
+    floor = got["floor"]["seconds"]
+    rows = _tool_rows(
+        "floor", got["floor"], n, "floor (frozen forward + backward, fused loss, nothing captured)"
+    )
+    for key in (k for k in got if k != "floor"):
+        rows.append(
+            row("peers", f"{key}: time over the floor's, median over rounds of the round's ratio",
+                paired_speedup(floor, got[key]["seconds"]), "x", 1.0)
+        )  # fmt: skip
     return rows
 
 
 def _tools(quick: bool) -> list[str]:
-    """Tool keys besides ``ours``: ours with LoGra at the peers' ``D``, each installed peer at
+    """Tool keys besides ``ours``: ours with LoGra at the peers' ``D``, the floor
+    (:func:`_floor`), each installed peer at
     that ``D``, and (full run) bergson at 32 x 32 and 64 x 64 per module, the sizes at which a
     Kronecker projection keeps about the sketch's fidelity (:mod:`plantbench.sketch`)."""
-    tools = ["ours@logra"]
+    tools = ["ours@logra", "floor"]
     for peer in PEERS:
         if (why := peer_status(peer)) is not None:
             log.warning("peer benchmark: %s: skipped", why)

@@ -344,7 +344,7 @@ def _check_inputs(model, input_ids, loss_mask, attention_mask, require_eager: bo
 
 
 @contextlib.contextmanager
-def _frozen_eval(model: torch.nn.Module) -> Iterator[None]:
+def frozen_eval(model: torch.nn.Module) -> Iterator[None]:
     was_training = model.training
     flags = [(p, p.requires_grad) for p in model.parameters()]
     model.eval()
@@ -408,7 +408,7 @@ def _capture(
 
         return fwd_hook
 
-    with _frozen_eval(model), torch.enable_grad():
+    with frozen_eval(model), torch.enable_grad():
         try:
             for name in module_names:
                 handles.append(mods[name].register_forward_hook(make_hook(name)))
