@@ -29,8 +29,10 @@ of several timed repeats.
   per-example projected-gradient featurizers at the same ``D``, on twin A's final checkpoint and
   first pool windows when ``{results}`` holds a finished study (else a fresh model on random
   tokens), each tool in its own process, taking turns over the rounds. A ``ours vs <peer>`` row's
-  reference is the peer's value (ratio = ours over the peer's). A peer that is not installed (an
-  optional extra: ``make peers-bench``) is logged and has no rows.
+  reference is the peer's value (ratio = ours over the peer's); every tool's time over the
+  floor's (the frozen model's forward and backward, nothing captured) bounds what a featurizer
+  sharing that pass could gain. A peer that is not installed (an optional extra: ``make
+  peers-bench``) is logged and has no rows.
 * ``scoring``: pairs/s of every enabled method on a finished study's features (model A, the
   configured tiles), when ``{results}`` holds one; and the tile engine
   (:func:`plantbench.scoring.score_tiled`, dot products of synthetic vectors read tile by tile from

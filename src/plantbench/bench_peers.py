@@ -22,6 +22,9 @@ Per-example projected gradients of a causal LM, computed three ways in the same 
   module (``D`` = 28,672 and 114,688 on the default model), the sizes a Kronecker projection
   needs to keep about the sketch's fidelity (LoGra 32 x 32: Spearman 0.85; the sketch at 4,096:
   0.92; :mod:`plantbench.sketch`).
+* ``floor``: no featurizer: the frozen model's forward and backward with our fused loss, nothing
+  captured (:func:`_floor`). Every tool's time over the floor's (paired per round) is a row; a
+  peer's is the most any featurizer sharing the model's pass could gain on it.
 
 Both peers project every module square and Kronecker-structured (``(P_out delta)(P_in x)^T``,
 LoGra's kind), so their ``D = M p^2`` with ``p`` the closest to ours (:func:`peer_side`; the
