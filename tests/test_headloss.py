@@ -8,7 +8,7 @@ from test_gradients import batch, model64, rel, tiny_model  # noqa: F401
 
 from plantbench import headloss
 from plantbench.errors import PlantbenchError
-from plantbench.gradients import _frozen_eval, example_losses
+from plantbench.gradients import example_losses, frozen_eval
 
 
 @pytest.fixture(params=[1, 10_000], ids=["chunk-1-row", "one-chunk"])
@@ -22,7 +22,7 @@ def chunk_rows(request, monkeypatch):
 
 
 def _losses_and_grad(model, ids, loss_mask, attn, fused: bool):
-    with _frozen_eval(model), torch.enable_grad():
+    with frozen_eval(model), torch.enable_grad():
         embeds = model.get_input_embeddings()(ids).detach().requires_grad_(True)
         losses = example_losses(model, ids, loss_mask, attn, inputs_embeds=embeds, fused=fused)
         weights = torch.linspace(0.5, 2.0, len(ids), dtype=losses.dtype)  # not just ones
