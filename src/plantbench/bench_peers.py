@@ -173,21 +173,14 @@ def _floor(job: dict[str, Any], model: Any, proj: Any) -> Featurizer:
     peer's time over the floor's is the most any featurizer sharing that pass could gain."""
     import torch
 
-    from .gradients import example_losses, frozen_eval
+    from .gradients import frozen_pass
 
     b = job["batch"]
 
     def run(ids: torch.Tensor) -> torch.Tensor:
         mask = torch.ones_like(ids, dtype=torch.bool)
-        out = []
-        with frozen_eval(model), torch.enable_grad():
-            for s in range(0, len(ids), b):
-                x = ids[s : s + b]
-                embeds = model.get_input_embeddings()(x).detach().requires_grad_(True)
-                losses = example_losses(model, x, mask[s : s + b], inputs_embeds=embeds, fused=True)
-                torch.autograd.grad(losses.sum(), embeds)
-                out.append(losses.detach()[:, None])
-        return torch.cat(out)
+        parts = [frozen_pass(model, ids[s : s + b], mask[s : s + b]) for s in range(0, len(ids), b)]
+        return torch.cat(parts)[:, None]
 
     return run
 
@@ -381,6 +374,11 @@ def _version(name: str) -> str:
         return "?"
 
 
+def _is_ours(tool: str) -> bool:
+    """Ours (``ours``, ``ours@...``) or the floor: not a peer."""
+    return tool.startswith("ours") or tool == "floor"
+
+
 def _start(tools: list[str], job: dict[str, Any], stack: contextlib.ExitStack) -> dict:
     """One spawned worker per tool, set up; a peer whose setup fails is logged and dropped."""
     workers: dict[str, tuple[Any, dict[str, Any]]] = {}
@@ -389,7 +387,7 @@ def _start(tools: list[str], job: dict[str, Any], stack: contextlib.ExitStack) -
         try:
             workers[tool] = (pool, pool.apply(_w_setup, ({**job, "tool": tool},)))
         except Exception as exc:  # a peer's import or API failure must not stop the group
-            if tool.startswith("ours") or tool == "floor":
+            if _is_ours(tool):
                 raise
             log.warning(
                 "peer benchmark: %s failed (%s: %s): skipped", tool, type(exc).__name__, exc
@@ -500,7 +498,7 @@ def rows_of(
     same = got.get("ours@logra")
     if same is not None:
         rows += _tool_rows("ours@logra", same, n, f"ours@logra ({same['projection']})")
-    for key in (k for k in got if not k.startswith("ours") and k != "floor"):
+    for key in (k for k in got if not _is_ours(k)):
         rows += _peer_rows(key, got[key], ours, n)
         if same is not None and got[key]["side"] == same["side"]:
             rows += _versus("ours@logra", same, key, got[key], n)

@@ -361,6 +361,26 @@ def frozen_eval(model: torch.nn.Module) -> Iterator[None]:
 # --------------------------------------------------------------------------- gradients
 
 
+def frozen_pass(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One forward (fused loss) and one backward of the summed per-example losses, parameters
+    frozen and in eval mode: gradient flows from the input embeddings, so only activation
+    gradients are formed (the hooks of :func:`_capture` see them). Returns the detached
+    per-example losses ``[n]``."""
+    with frozen_eval(model), torch.enable_grad():
+        embeds = model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
+        losses = example_losses(
+            model, input_ids, loss_mask, attention_mask, inputs_embeds=embeds, fused=True
+        )
+        if losses.requires_grad:
+            torch.autograd.grad(losses.sum(), embeds)
+    return losses.detach()
+
+
 def _capture(
     model: torch.nn.Module,
     module_names: Sequence[str],
@@ -408,19 +428,13 @@ def _capture(
 
         return fwd_hook
 
-    with frozen_eval(model), torch.enable_grad():
-        try:
-            for name in module_names:
-                handles.append(mods[name].register_forward_hook(make_hook(name)))
-            embeds = model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
-            losses = example_losses(
-                model, input_ids, loss_mask, attention_mask, inputs_embeds=embeds, fused=True
-            )
-            if losses.requires_grad:
-                torch.autograd.grad(losses.sum(), embeds)
-        finally:
-            for h in handles:
-                h.remove()
+    try:
+        for name in module_names:
+            handles.append(mods[name].register_forward_hook(make_hook(name)))
+        frozen_pass(model, input_ids, loss_mask, attention_mask)
+    finally:
+        for h in handles:
+            h.remove()
     for name in module_names:
         if name not in ran:
             raise PlantbenchError(f"module '{name}' did not run in the forward pass")
