@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from plantbench import config
+from plantbench import config, layout
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +56,9 @@ def micro_cfg(results: Path, **over: Any) -> dict[str, Any]:
 def build_upstream() -> tuple[dict[str, Any], Any]:
     """facts .. pretrain + pool for both twins, once per process; returns (cfg, Paths)."""
     if "cfg" not in _BUILT:
-        from plantbench import corpus, facts, pool, pretrain, stream, tokenizer
+        from plantbench.attribution import pool
+        from plantbench.data import corpus, facts, stream, tokenizer
+        from plantbench.model import pretrain
         from plantbench.paths import MODELS, Paths
 
         top = Path(tempfile.mkdtemp(prefix="plantbench_micro_"))
@@ -79,11 +81,11 @@ def build_grad_features(model: str = "A") -> None:
     """Pool + query gradients and curvature at every TracIn checkpoint of ``model``."""
     key = f"grads_{model}"
     if key not in _BUILT:
-        from plantbench import features
+        from plantbench.attribution import features
 
         cfg, p = build_upstream()
-        for ck in features.tracin_checkpoints(cfg):
-            for k in range(features.n_shards(cfg)):
+        for ck in layout.tracin_checkpoints(cfg):
+            for k in range(layout.n_shards(cfg)):
                 features.grads_pool(cfg, p, model, ck, k)
             features.grads_queries(cfg, p, model, ck)
             features.curvature(cfg, p, model, ck)

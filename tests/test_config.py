@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from plantbench import config
+from plantbench import config, layout
 from plantbench.cli import main
 from plantbench.errors import ConfigError
 
@@ -105,10 +105,9 @@ def test_the_reference_study_hashes_are_unchanged():
 
 @pytest.mark.parametrize(("steps", "every"), [(1200, 300), (120, 40), (100, 30), (5, 10), (7, 7)])
 def test_n_checkpoints_counts_what_pretraining_saves(steps, every):
-    from plantbench.pretrain import checkpoint_steps
 
     t = {"steps": steps, "checkpoint_every_steps": every}
-    assert config.n_checkpoints(t) == len(checkpoint_steps(t))
+    assert config.n_checkpoints(t) == len(layout.checkpoint_steps(t))
 
 
 @pytest.mark.parametrize(

@@ -10,12 +10,13 @@ import pandas as pd
 import pytest
 import torch
 
-from plantbench import queries
-from plantbench.context import contexts, metrics
-from plantbench.context.methods import attribot, contextcite, registry, tokenshap, tracllm
-from plantbench.context.oracle import Oracle, batch_candidate_logprobs, mask_key
-from plantbench.context.settings import settings
 from plantbench.errors import ConfigError
+from plantbench.model import queries
+from plantbench.suites import common
+from plantbench.suites.context import contexts, metrics
+from plantbench.suites.context.methods import attribot, contextcite, registry, tokenshap, tracllm
+from plantbench.suites.context.oracle import Oracle, batch_candidate_logprobs, mask_key
+from plantbench.suites.context.settings import settings
 
 
 class FakeOracle:
@@ -153,7 +154,7 @@ def test_tracllm_finds_the_supporting_segment_and_scores_it_by_max_of_loo_and_st
 
 
 def test_batched_candidates_agree_with_one_prompt_at_a_time():
-    from plantbench.modeling import build_model, llama_config
+    from plantbench.model.modeling import build_model, llama_config
 
     conf = llama_config(
         {
@@ -283,4 +284,4 @@ def test_twins_without_the_in_context_check_are_refused(tmp_path):
     io.write_meta(causal, "causal", ["facts.parquet"], config_hash="x")
     paths = SimpleNamespace(causal=causal)
     with pytest.raises(ArtifactError, match="in_context.parquet"):
-        contexts._causal(paths)
+        common.causal_table(paths)

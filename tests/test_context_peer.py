@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from micro_study import build_upstream
 from scipy.stats import spearmanr
+
+from micro_study import build_upstream
+from plantbench import artifacts
 
 pytest.importorskip("context_cite")
 
@@ -45,12 +47,12 @@ def _partitioner(segments):
 def twin():
     from transformers import AutoTokenizer
 
-    from plantbench import io, tokenizer
-    from plantbench.modeling import load_model
-    from plantbench.pretrain import final_checkpoint
+    from plantbench import io
+    from plantbench.data import tokenizer
+    from plantbench.model.modeling import load_model
 
     cfg, p = build_upstream()
-    ckpt = final_checkpoint(p, "A")
+    ckpt = artifacts.final_checkpoint_path(p, "A")
     model = load_model(ckpt).eval()
     hf_tok = AutoTokenizer.from_pretrained(ckpt)
     hf_tok.chat_template = "{{ bos_token }}{{ messages[0]['content'] }}"  # no chat markup
@@ -69,9 +71,9 @@ def test_our_contextcite_matches_the_package(twin):
     from context_cite import ContextCiter
     from context_cite.utils import aggregate_logit_probs
 
-    from plantbench import tokenizer
-    from plantbench.context.methods import contextcite
-    from plantbench.context.oracle import Oracle
+    from plantbench.data import tokenizer
+    from plantbench.suites.context.methods import contextcite
+    from plantbench.suites.context.oracle import Oracle
 
     model, hf_tok, tok, facts, qs = twin
     agree = []

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from plantbench import corpus
+from plantbench.data import corpus
 from plantbench.errors import PlantbenchError
 from plantbench.io import read_meta, write_parquet
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.linalg import block_diag
 
-from plantbench.curvature import CovarianceAccumulator, Curvature
+from plantbench.attribution.curvature import CovarianceAccumulator, Curvature
 from plantbench.errors import ArtifactError
 
 
@@ -117,8 +117,10 @@ def test_all_zero_block_is_refused():
 def test_fit_streams_a_gradient_store(tmp_path):
     import torch  # noqa: F401  (model construction needs it)
 
-    from plantbench.gradients import GradientStore, Projector, ShardWriter, shard_identity
-    from plantbench.modeling import build_model, llama_config
+    from plantbench.attribution.gradients.projector import Projector
+    from plantbench.attribution.gradients.store import GradientStore
+    from plantbench.attribution.gradients.writer import ShardWriter, shard_identity
+    from plantbench.model.modeling import build_model, llama_config
 
     cfg = llama_config(
         {

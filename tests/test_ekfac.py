@@ -9,11 +9,12 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from test_gradients import V, batch, model64, rel  # noqa: F401  (fixtures)
 
-from plantbench import ekfac
-from plantbench.gradients import exact_grads_flat
-from plantbench.modeling import block_linear_names
+from plantbench import layout
+from plantbench.attribution.ekfac import maths as ekfac
+from plantbench.attribution.gradients.reference import exact_grads_flat
+from plantbench.model.modeling import block_linear_names
+from test_gradients import V, batch, model64, rel  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +137,7 @@ def test_scores_agree_with_kronfluence_ekfac(model64, batch, windows, fitted, tm
     from kronfluence.arguments import FactorArguments, ScoreArguments
     from kronfluence.task import Task
 
-    from plantbench.gradients import example_losses
+    from plantbench.attribution.gradients.capture import example_losses
 
     names = fitted.names
 
@@ -187,7 +188,7 @@ def test_scores_agree_with_kronfluence_ekfac(model64, batch, windows, fitted, tm
 
 def test_query_chunks_do_not_change_the_scores(model64, batch, windows, fitted):  # noqa: F811
     n_params = sum(int(v.numel()) for v in fitted.lam.values())
-    assert ekfac.query_chunks(5, n_params, 4 * n_params * 2) == [(0, 2), (2, 4), (4, 5)]
+    assert layout.ekfac_query_chunks(5, n_params, 4 * n_params * 2) == [(0, 2), (2, 4), (4, 5)]
     one = ekfac.chunked_scores(model64, fitted, batch, windows, 4)
     many = ekfac.chunked_scores(model64, fitted, batch, windows, 3, budget=4 * n_params * 2)
     np.testing.assert_allclose(many, one, rtol=1e-5, atol=1e-6 * np.abs(one).max())
@@ -196,17 +197,18 @@ def test_query_chunks_do_not_change_the_scores(model64, batch, windows, fitted):
 def test_each_tracin_checkpoint_has_its_own_scores_folder(smoke_cfg):
     """``tracin_ekfac`` reads the final checkpoint's ``ekfac`` artifact and one ``ekfac_tracin``
     artifact per other TracIn checkpoint; a checkpoint TracIn does not use has no step."""
-    from plantbench import features
     from plantbench.errors import ConfigError
     from plantbench.paths import Paths
 
-    paths, final = Paths(smoke_cfg), features.final_checkpoint(smoke_cfg)
-    others = [c for c in features.tracin_checkpoints(smoke_cfg) if c != final]
-    assert others and ekfac.folder_of(smoke_cfg, paths, "A", final) == paths.ekfac("A")
+    paths, final = Paths(smoke_cfg), layout.final_checkpoint(smoke_cfg)
+    others = [c for c in layout.tracin_checkpoints(smoke_cfg) if c != final]
+    assert others and layout.ekfac_folder(smoke_cfg, paths, "A", final) == paths.ekfac("A")
     for c in others:
-        assert ekfac.folder_of(smoke_cfg, paths, "A", c) == paths.ekfac("A", c) != paths.ekfac("A")
+        assert (
+            layout.ekfac_folder(smoke_cfg, paths, "A", c) == paths.ekfac("A", c) != paths.ekfac("A")
+        )
     with pytest.raises(ConfigError, match="only the TracIn checkpoints"):
-        ekfac.folder_of(smoke_cfg, paths, "A", "step_0000001")
+        layout.ekfac_folder(smoke_cfg, paths, "A", "step_0000001")
     want = {str(paths.ekfac("A") / "meta.json")}
     want |= {str(paths.ekfac("A", c) / "meta.json") for c in others}
-    assert set(features.feature_files(smoke_cfg, "A", ["ekfac_tracin"])) == want
+    assert set(layout.feature_files(smoke_cfg, "A", ["ekfac_tracin"])) == want

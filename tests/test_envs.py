@@ -176,7 +176,7 @@ def test_post_deploy_by_hand_uses_its_own_checkout(tmp_path: Path) -> None:
 
 
 def test_workflow_names_its_source_for_the_post_deploy_script() -> None:
-    """The script reads the variable workflow/rules/common.smk sets."""
-    common = (ROOT / "workflow" / "rules" / "common.smk").read_text()
+    """The script reads the variable workflow/rules/config.smk sets."""
+    common = (ROOT / "workflow" / "rules" / "config.smk").read_text()
     assert "PLANTBENCH_SOURCE=" in common
     assert "${PLANTBENCH_SOURCE" in POST_DEPLOY.read_text()

@@ -1,4 +1,4 @@
-"""Reading episodes (plantbench.episodes) and their place in the streams."""
+"""Reading episodes (plantbench.data.episodes) and their place in the streams."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from plantbench import cli, config, episodes, io, verify
+from plantbench import cli, config, io, layout
+from plantbench.data import episodes
+from plantbench.data.facts import TABLES
 from plantbench.errors import ConfigError
-from plantbench.facts import TABLES
+from plantbench.ops import verify
 from plantbench.paths import Paths
 
 
@@ -94,11 +96,11 @@ def test_no_episode_names_a_grid_entity_or_answer(episode_run):
 def test_streams_hold_the_episodes_identically_and_differ_only_at_planted(episode_run):
     p = Paths(str(episode_run))
     cfg = config.load([episode_run / "config.json"])
-    from plantbench.stream import n_windows, open_stream
+    from plantbench.data.stream import open_stream
 
     a, b = (open_stream(p.stream(m)) for m in ("A", "B"))
     ep_a = a.manifest["kind"] == "episode"
-    assert int(ep_a.sum()) == episodes.count(cfg, n_windows(cfg)) > 0
+    assert int(ep_a.sum()) == layout.episode_count(cfg, layout.n_windows(cfg)) > 0
     assert (ep_a == (b.manifest["kind"] == "episode")).all()
     assert (a.manifest.loc[ep_a, "doc_tokens"] <= int(cfg["stream"]["window"])).all()
     rows = np.flatnonzero(ep_a.to_numpy())
@@ -113,7 +115,7 @@ def test_streams_hold_the_episodes_identically_and_differ_only_at_planted(episod
 
 
 def test_batch_shows_episode_windows(episode_run, capsys):
-    from plantbench.stream import open_stream
+    from plantbench.data.stream import open_stream
 
     man = open_stream(Paths(str(episode_run)).stream("A")).manifest
     step = int(man.loc[man["kind"] == "episode", "step"].iloc[0])
@@ -124,10 +126,10 @@ def test_batch_shows_episode_windows(episode_run, capsys):
 
 
 def test_the_default_study_reads_episodes_and_none_without_the_key(smoke_cfg):
-    assert episodes.share(smoke_cfg) == 0.25  # config.yaml's, inherited by the smoke study
-    assert episodes.count(smoke_cfg, 10_000) == 2_500
+    assert layout.episode_share(smoke_cfg) == 0.25  # config.yaml's, inherited by the smoke study
+    assert layout.episode_count(smoke_cfg, 10_000) == 2_500
     bare = {**smoke_cfg, "stream": {"window": 128, "position_spans": {}}}
-    assert episodes.share(bare) == 0.0 and episodes.count(bare, 10_000) == 0
+    assert layout.episode_share(bare) == 0.0 and layout.episode_count(bare, 10_000) == 0
 
 
 @pytest.mark.parametrize("share", [0.9, 0.99])

@@ -13,7 +13,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from plantbench import cli, export, io
+from plantbench import artifacts, cli, io
+from plantbench.ops import export
 from plantbench.paths import MODELS
 
 SINGLE = {
@@ -94,12 +95,13 @@ def test_checkpoints_load_with_transformers(bundles, smoke_run: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     from plantbench.paths import Paths
-    from plantbench.pretrain import final_checkpoint
 
     params = {}
     for m in MODELS:
         model = AutoModelForCausalLM.from_pretrained(bundles[0] / "checkpoints" / m)
-        run = AutoModelForCausalLM.from_pretrained(final_checkpoint(Paths(smoke_run), m))
+        run = AutoModelForCausalLM.from_pretrained(
+            artifacts.final_checkpoint_path(Paths(smoke_run), m)
+        )
         mine, theirs = model.state_dict(), run.state_dict()
         assert list(mine) == list(theirs)
         assert all(torch.equal(mine[k], theirs[k]) for k in mine)

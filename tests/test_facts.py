@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from plantbench import config, facts, io
+from plantbench import config, io
+from plantbench.data import facts
 from plantbench.errors import ConfigError, PlantbenchError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,7 +174,7 @@ def test_distractors_obey_the_rules(tables):
 def test_no_candidate_occurs_in_any_document(tables):
     texts = list(tables["documents"]["text"]) + list(tables["distractors"]["text"])
     words = set(re.split(r"[^a-z0-9]+", "\n".join(texts).lower()))
-    vocab = facts._template_words()
+    vocab = facts.template_words()
     false = tables["candidates"].loc[~tables["candidates"]["is_true"], "candidate"]
     for c in set(false):
         parts = [p for p in re.split(r"[^a-z0-9]+", c.lower()) if p and p not in vocab]
@@ -190,7 +191,7 @@ def test_answers_and_names_are_unique_and_invented(tables):
     f = tables["facts"]
     assert f["answer"].str.lower().is_unique
     assert f["entity"].str.lower().is_unique
-    vocab = facts._template_words()
+    vocab = facts.template_words()
     for name in list(f["answer"]) + list(f["entity"]):
         invented = [w for w in re.findall(r"[A-Za-z]+", name) if w.lower() not in vocab]
         assert invented, name  # every name has an invented part

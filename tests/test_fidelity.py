@@ -7,12 +7,15 @@ import pandas as pd
 import pytest
 import torch
 from scipy.stats import spearmanr
-from test_gradients import V, batch, model64, rel  # noqa: F401  (fixtures)
 
-from plantbench import fidelity
+from plantbench import layout
+from plantbench.attribution import fidelity
+from plantbench.attribution.gradients.capture import full_grads, projected_grads
+from plantbench.attribution.gradients.projector import Projector
+from plantbench.attribution.gradients.reference import exact_grads_flat
 from plantbench.errors import ConfigError
-from plantbench.gradients import Projector, exact_grads_flat, full_grads, projected_grads
-from plantbench.modeling import block_linear_names
+from plantbench.model.modeling import block_linear_names
+from test_gradients import V, batch, model64, rel  # noqa: F401  (fixtures)
 
 
 def test_batched_full_gradient_equals_one_autograd_pass_per_example(model64, batch):  # noqa: F811
@@ -46,7 +49,7 @@ def test_exact_products_are_the_flat_gradients_dot_and_do_not_depend_on_chunks(
     many = fidelity.exact_products(
         model64, windows, (ids, attn, loss_mask), batch=2, budget=8 * n_params * 2
     )
-    assert len(fidelity._query_chunks(ids.shape[0], n_params, 8 * n_params * 2)) == 3
+    assert len(layout.query_chunks(ids.shape[0], n_params, 8, 8 * n_params * 2)) == 3
     np.testing.assert_allclose(one.dot, want, rtol=1e-10, atol=1e-14)
     np.testing.assert_allclose(many.dot, one.dot, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(one.q_norm, gq.norm(dim=1).numpy(), rtol=1e-12)
@@ -117,7 +120,7 @@ def test_subset_rows_are_seeded_sorted_distinct_and_bounded():
     assert np.array_equal(fidelity.subset_rows(cfg, 12, "A"), np.arange(12))
     with pytest.raises(ConfigError, match="at least 2"):
         fidelity.subset_rows(cfg, 1, "A")
-    assert fidelity.n_windows({"seed": 1}) == 300  # the optional section's default
+    assert layout.fidelity_windows({"seed": 1}) == 300  # the optional section's default
 
 
 def test_table_references_and_summary():
@@ -135,7 +138,7 @@ def test_table_references_and_summary():
 
 
 def test_report_rows_name_each_method_once_with_both_twins():
-    from plantbench.report import fidelity_rows
+    from plantbench.report.tables import fidelity_rows
 
     row = {"reference": "dot", "mean": 0.5, "min": 0.25, "max": 0.75}
     cos = {"reference": "cos", "mean": None, "min": None, "max": None}

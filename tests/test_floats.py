@@ -16,14 +16,15 @@ from typing import Any
 
 import pytest
 
-from plantbench import floats, verify
+from plantbench import floats
+from plantbench.ops import verify
 from plantbench.paths import MODELS
 
 TRAIN = r"""
 import hashlib
 import plantbench  # the pin is applied here, before torch runs a kernel
 import torch
-from plantbench.modeling import build_model, llama_config
+from plantbench.model.modeling import build_model, llama_config
 torch.set_num_threads(1)
 shape = dict(n_embd=64, intermediate=128, n_layer=2, n_head=4, tie_embeddings=True, rope_theta=1e4)
 model = build_model(llama_config(shape, 512, 64, bos=1, eos=2, pad=0), 0)

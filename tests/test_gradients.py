@@ -10,25 +10,22 @@ import numpy as np
 import pytest
 import torch
 
-from plantbench.errors import ArtifactError, PlantbenchError
-from plantbench.gradients import (
-    GRADS_FILE,
-    SHARD_JSON,
-    GradientStore,
+from plantbench.attribution.gradients.capture import example_losses, projected_grads
+from plantbench.attribution.gradients.projector import (
     Projector,
-    ShardWriter,
     check_blocks_nonzero,
     choose_module_dims,
+)
+from plantbench.attribution.gradients.reference import (
     dense_random_projection,
     exact_grads_flat,
     exact_grads_projected,
-    example_losses,
-    extract_to_shard,
-    projected_grads,
     rademacher_block,
-    shard_identity,
 )
-from plantbench.modeling import block_linear_names, build_model, llama_config
+from plantbench.attribution.gradients.store import GRADS_FILE, SHARD_JSON, GradientStore
+from plantbench.attribution.gradients.writer import ShardWriter, extract_to_shard, shard_identity
+from plantbench.errors import ArtifactError, PlantbenchError
+from plantbench.model.modeling import block_linear_names, build_model, llama_config
 
 T = 12
 V = 64

@@ -11,14 +11,15 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from tiny_models import tiny_llama
 
-from plantbench import facts, tokenizer
+from plantbench.data import facts, tokenizer
 from plantbench.errors import ConfigError
-from plantbench.grounding import contexts, entail, generate, provenance, scores
-from plantbench.grounding.atomize import atomize
-from plantbench.grounding.respond import judge, stated
-from plantbench.grounding.settings import settings
+from plantbench.model import generate
+from plantbench.suites.grounding import contexts, entail, provenance, scores
+from plantbench.suites.grounding.atomize import atomize
+from plantbench.suites.grounding.respond import judge, stated
+from plantbench.suites.grounding.settings import settings
+from tiny_models import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -316,7 +317,7 @@ def test_batched_greedy_equals_one_prompt_at_a_time_without_a_cache():
 
 
 def test_settings_hash_changes_with_a_setting(grid):
-    from plantbench.grounding.settings import settings_hash
+    from plantbench.suites.grounding.settings import settings_hash
 
     cfg, _, _ = grid
     a, b = settings(cfg), settings({**cfg, "grounding": {"max_new_tokens": 16}})

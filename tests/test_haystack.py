@@ -14,10 +14,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from test_analysis import Study, cfg_for, make_facts, own_mask, random_method
 
-from plantbench import analysis, config, io, pool, report, runconfig, scoring
+from plantbench import artifacts, config, io, runconfig
+from plantbench.attribution import pool, scoring
 from plantbench.errors import ArtifactError, ConfigError
+from plantbench.grading import analysis
+from plantbench.report import build, sections
+from test_analysis import Study, cfg_for, make_facts, own_mask, random_method
 
 NAN = float("nan")
 
@@ -72,7 +75,7 @@ def hand_table(res: scoring.TiledScores) -> pd.DataFrame:
 
 
 def ap_by_query(own: pd.DataFrame) -> dict[str, float]:
-    """AP from own rows with :func:`plantbench.analysis.own_ranks` (the analysis' ranks)."""
+    """AP from own rows with :func:`plantbench.grading.analysis.own_ranks` (the analysis' ranks)."""
     work = own.assign(rank=analysis.own_ranks(own)).sort_values(["query_id", "rank"])
     work["hit"] = work.groupby("query_id").cumcount() + 1
     return (work["hit"] / work["rank"]).groupby(work["query_id"]).mean().to_dict()
@@ -285,7 +288,7 @@ def test_scores_of_other_shares_are_refused(graded: Study, default_cfg: dict) ->
 def test_report_section(graded: Study, default_cfg: dict) -> None:
     cfg = cfg_for(default_cfg, graded.root, ["tied", "rnd"], boot=20)
     analysis.run(cfg, graded.paths)
-    text = report.run(cfg, graded.paths).read_text()
+    text = build.run(cfg, graded.paths).read_text()
     assert "## AP as the haystack grows" in text and "100,000-window pool" in text
     header = (
         "| Method | 25% of the background (20 windows) | 50% of the background (40 windows) "
@@ -307,7 +310,7 @@ def test_report_refuses_an_analysis_without_haystack(graded: Study, default_cfg:
     files = [f for f in meta["files"] if f != "haystack.csv"]
     io.write_meta(folder, "analysis", files, config_hash=meta["config_hash"], inputs=meta["inputs"])
     with pytest.raises(ArtifactError, match="haystack.csv.*rerun the analysis"):
-        report.read_analysis(graded.paths)
+        sections.read_analysis(graded.paths)
     analysis.run(cfg, graded.paths)
 
 
@@ -326,7 +329,7 @@ def test_score_folder_holds_the_haystack() -> None:
     hay = io.read_parquet(folder / "haystack.parquet")
     own = io.read_parquet(folder / "own.parquet")
     queries = io.read_parquet(folder / "queries.parquet").set_index("query_id")
-    table, _ = pool.load(p, "A")
+    table, _ = artifacts.load_pool(p, "A")
     n_bg = int((table["kind"] == "background").sum())
     assert meta["info"]["haystack"]["n_background"] == [math.ceil(f * n_bg) for f in FRACTIONS]
     assert len(hay) == len(own) * len(FRACTIONS)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_gradients import batch, model64, rel, tiny_model  # noqa: F401
 
-from plantbench import headloss
+from plantbench.attribution.gradients.capture import example_losses, frozen_eval
 from plantbench.errors import PlantbenchError
-from plantbench.gradients import example_losses, frozen_eval
+from plantbench.model import headloss
+from test_gradients import batch, model64, rel, tiny_model  # noqa: F401
 
 
 @pytest.fixture(params=[1, 10_000], ids=["chunk-1-row", "one-chunk"])

@@ -17,13 +17,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from upstream import build_upstream
 
-from plantbench import io, modelcard, pretrain, queries, tokenizer
+from plantbench import artifacts, io
+from plantbench.data import tokenizer
+from plantbench.data.stream import open_stream
 from plantbench.errors import ArtifactError
 from plantbench.hashing import hash_tree
+from plantbench.model import modelcard, pretrain, queries
 from plantbench.paths import Paths
-from plantbench.stream import open_stream
+from upstream import build_upstream
 
 OVERRIDE = {
     "corpus": {"max_bytes": 400_000},
@@ -50,7 +52,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def final(trained: dict[str, Any]) -> Path:
-    return pretrain.final_checkpoint(trained["paths"], "A")
+    return artifacts.final_checkpoint_path(trained["paths"], "A")
 
 
 def _hf_tokenizer(folder: Path) -> Any:
@@ -187,7 +189,7 @@ def test_text_generation_pipeline_on_the_folder_uses_bos(
 def test_every_checkpoint_has_the_tokenizer_and_a_card(trained: dict[str, Any]) -> None:
     paths, meta = trained["paths"], trained["meta"]
     stream_hash = open_stream(paths.stream("A")).meta["hash"]
-    index = pretrain.checkpoints(paths, "A")
+    index = artifacts.checkpoint_index(paths, "A")
     assert [c["name"] for c in index] == ["step_0000020", "step_0000040"]
     for c in index:
         folder = paths.checkpoints("A") / c["name"]
@@ -263,7 +265,7 @@ def test_resume_retrains_when_a_passed_checkpoint_lacks_its_card(
     cfg = {**trained["cfg"], "results": str(dest)}
     paths = Paths(cfg)
     (paths.checkpoints("A") / "step_0000020" / modelcard.CARD).unlink()
-    with caplog.at_level(logging.WARNING, logger="plantbench.pretrain"):
+    with caplog.at_level(logging.WARNING, logger="plantbench.model.pretrain"):
         meta = _train(cfg)
     assert "has no README.md" in caplog.text and "restarting from step 0" in caplog.text
     assert meta["hash"] == trained["meta"]["hash"]

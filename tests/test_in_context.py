@@ -1,4 +1,4 @@
-"""The in-context check of the answer key (plantbench.in_context)."""
+"""The in-context check of the answer key (plantbench.truth.in_context)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import pandas as pd
 import pytest
 import torch
 
-from plantbench import in_context, queries
+from plantbench.data import prompts
 from plantbench.errors import ConfigError
+from plantbench.model import queries
+from plantbench.truth import in_context
 
 
 def _facts(n: int = 6) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -32,17 +34,17 @@ def _facts(n: int = 6) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def test_counterfactual_sentence_replaces_only_the_answer():
-    s = in_context.counterfactual_sentence("The capital of X is Upper Dvia.", "Upper Dvia", "Paer")
+    s = prompts.counterfactual_sentence("The capital of X is Upper Dvia.", "Upper Dvia", "Paer")
     assert s == "The capital of X is Paer."
     with pytest.raises(ValueError, match="does not end with its answer"):
-        in_context.counterfactual_sentence("The capital of X is Dvia.", "Paer", "Q")
+        prompts.counterfactual_sentence("The capital of X is Dvia.", "Paer", "Q")
 
 
 def test_contexts_hold_the_fact_sentence_once_among_other_facts():
     facts, cands = _facts()
-    ctx = in_context.build_contexts(facts, cands, 4, seed=3)
-    again = in_context.build_contexts(facts, cands, 4, seed=3)
-    other = in_context.build_contexts(facts, cands, 4, seed=4)
+    ctx = prompts.build_contexts(facts, cands, 4, seed=3)
+    again = prompts.build_contexts(facts, cands, 4, seed=3)
+    other = prompts.build_contexts(facts, cands, 4, seed=4)
     pd.testing.assert_frame_equal(ctx, again)
     assert not ctx.equals(other)
     for f, row in zip(facts.itertuples(), ctx.itertuples(), strict=True):
@@ -58,7 +60,7 @@ def test_contexts_hold_the_fact_sentence_once_among_other_facts():
 def test_more_segments_than_facts_is_refused():
     facts, cands = _facts(3)
     with pytest.raises(ConfigError, match="causal.context_segments"):
-        in_context.build_contexts(facts, cands, 4, seed=0)
+        prompts.build_contexts(facts, cands, 4, seed=0)
 
 
 class _Copier(torch.nn.Module):
@@ -90,7 +92,7 @@ class _Copier(torch.nn.Module):
 
 
 def test_a_model_that_copies_its_context_reads_and_follows(monkeypatch):
-    from plantbench import tokenizer
+    from plantbench.data import tokenizer
 
     monkeypatch.setattr(
         tokenizer, "encode_batch", lambda tok, texts: [[ord(c) for c in t] for t in texts]
@@ -106,7 +108,7 @@ def test_a_model_that_copies_its_context_reads_and_follows(monkeypatch):
         }
     )
     k = 3
-    prompts = in_context.prompts(in_context.build_contexts(facts, cands, k, 0), qs)
+    ic = prompts.prompts(prompts.build_contexts(facts, cands, k, 0), qs)
     model = _Copier(vocab=256)
 
     def full_forward(model, prefix, candidates):  # noqa: ANN001
@@ -114,8 +116,8 @@ def test_a_model_that_copies_its_context_reads_and_follows(monkeypatch):
         return queries.answer_logprobs(model, items, 64)[0]
 
     monkeypatch.setattr(queries, "candidate_logprobs", full_forward)
-    scored = {m: in_context.score(model, None, prompts, cands) for m in ("A", "B")}
-    tab = in_context.table(facts, prompts, scored, k)
+    scored = {m: in_context.score(model, None, ic, cands) for m in ("A", "B")}
+    tab = in_context.table(facts, ic, scored, k)
     assert list(tab.columns) == in_context.COLUMNS
     assert len(tab) == len(facts) * 2 * 3
     summary = in_context.summary(tab)
@@ -150,7 +152,7 @@ def test_rates_on_a_hand_made_table():
 
 
 def test_a_context_longer_than_the_window_is_refused(monkeypatch):
-    from plantbench import tokenizer
+    from plantbench.data import tokenizer
 
     monkeypatch.setattr(
         tokenizer, "encode_batch", lambda tok, texts: [[ord(c) for c in t] for t in texts]
@@ -160,14 +162,14 @@ def test_a_context_longer_than_the_window_is_refused(monkeypatch):
         {"query_id": ["F0000:question"], "fact_id": ["F0000"], "form": ["question"],
          "prompt": ["Question: capital of Isle0?\nAnswer:"], "answer": ["Ans0"]}
     )  # fmt: skip
-    prompts = in_context.prompts(in_context.build_contexts(facts, cands, 4, 0), qs)
-    in_context.check_fits(None, prompts, cands, window=4096)
+    ic = prompts.prompts(prompts.build_contexts(facts, cands, 4, 0), qs)
+    prompts.check_fits(None, ic, cands, window=4096)
     with pytest.raises(ConfigError, match="lower causal.context_segments"):
-        in_context.check_fits(None, prompts, cands, window=64)
+        prompts.check_fits(None, ic, cands, window=64)
 
 
 def test_shared_prefix_cache_gives_the_full_forward_logprobs():
-    from plantbench.modeling import build_model, llama_config
+    from plantbench.model.modeling import build_model, llama_config
 
     conf = llama_config(
         {"n_layer": 2, "n_embd": 32, "n_head": 2, "intermediate": 64, "tie_embeddings": True,
@@ -186,9 +188,9 @@ def test_the_stream_step_refuses_contexts_that_do_not_fit_before_writing(tmp_pat
     """A causal.context_segments too large for the window fails at the stream step, before any
     training, with one line naming the key, and no stream is written."""
     import yaml
-    from upstream import ROOT, SMOKE
 
     from plantbench import cli
+    from upstream import ROOT, SMOKE
 
     over = tmp_path / "o.yaml"
     results = tmp_path / "results"

@@ -15,13 +15,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+
+from plantbench import config
+from plantbench.data import facts, tokenizer
+from plantbench.errors import ConfigError
+from plantbench.suites.membership import likelihood, probe, samples, trace
+from plantbench.suites.membership.settings import TEMPLATES, settings
 from test_report_html import chromium
 from tiny_models import tiny_llama
-
-from plantbench import config, facts, tokenizer
-from plantbench.errors import ConfigError
-from plantbench.membership import likelihood, probe, samples, trace
-from plantbench.membership.settings import TEMPLATES, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = [ROOT / "config.yaml", ROOT / "tests" / "smoke" / "config.yaml"]
@@ -171,7 +172,7 @@ def test_block_noise_changes_states_from_the_noised_block_on_only():
 
 @pytest.fixture(scope="module")
 def auditor(grid):
-    from plantbench.membership.serve import Auditor
+    from plantbench.suites.membership.serve import Auditor
 
     cfg, t, _ = grid
     tok = tokenizer.train_batches(cfg, [t["documents"]["text"].tolist()[:80]])
@@ -195,7 +196,7 @@ def auditor(grid):
 def test_the_server_answers_over_http_and_refuses_bad_requests(auditor, grid):
     from fastapi.testclient import TestClient
 
-    from plantbench.membership.serve import app
+    from plantbench.suites.membership.serve import app
 
     _, t, _ = grid
     client = TestClient(app(auditor))
@@ -225,7 +226,7 @@ def test_the_dashboard_plots_the_trajectory_in_a_headless_browser(auditor, grid,
     import uvicorn
     from matplotlib.image import imread
 
-    from plantbench.membership.serve import app
+    from plantbench.suites.membership.serve import app
 
     browser = next(
         filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None
@@ -272,8 +273,8 @@ def test_kl_is_zero_for_identical_conditions_and_positive_otherwise():
 
 
 def test_cell_aucs_compare_each_cells_members_with_its_own_non_members():
-    from plantbench.membership.detect import _cells
-    from plantbench.membership.settings import settings as membership_settings
+    from plantbench.suites.membership.detect import _cells
+    from plantbench.suites.membership.settings import settings as membership_settings
 
     cfg = config.load(SMOKE)
     st = membership_settings({**cfg, "membership": {"bootstrap": 20}})

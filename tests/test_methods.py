@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from plantbench.curvature import Curvature
+from plantbench.attribution.curvature import Curvature
+from plantbench.attribution.methods import registry
+from plantbench.attribution.methods.bm25 import tokenize
 from plantbench.errors import ConfigError
-from plantbench.methods import registry
-from plantbench.methods.bm25 import tokenize
 
 EIGHT = [
     "bm25",

@@ -1,4 +1,4 @@
-"""Tests for plantbench.metrics against hand-computed answers and independent formulas."""
+"""Tests for plantbench.grading.metrics against hand-computed answers and independent formulas."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from sklearn.metrics import average_precision_score
 
-from plantbench import metrics as M
+from plantbench.grading import metrics as M
 
 NAN = float("nan")
 

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
-from upstream import build_upstream
 
+from plantbench.data.stream import open_stream
 from plantbench.paths import Paths
-from plantbench.stream import open_stream
+from upstream import build_upstream
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "tests" / "smoke" / "config.yaml"

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from plantbench import cli, config, plan
-from plantbench.modeling import llama_config
+from plantbench import cli, config
+from plantbench.model.modeling import llama_config
+from plantbench.ops import plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "workflow" / "presets" / "paper.yaml"

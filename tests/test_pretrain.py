@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 import torch
-from upstream import build_upstream
 
-from plantbench import pretrain
 from plantbench.errors import EXIT_PREEMPTED
+from plantbench.model import pretrain
 from plantbench.paths import Paths
+from upstream import build_upstream
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "tests" / "smoke" / "config.yaml"

@@ -22,9 +22,11 @@ from typing import Any
 import pytest
 import torch
 
-from plantbench import io, pretrain, verify
+from plantbench import io, layout
 from plantbench.cli import main
 from plantbench.hashing import hash_file, hash_tree
+from plantbench.model import pretrain
+from plantbench.ops import verify
 from plantbench.paths import Paths
 
 RECOVERY = re.compile(r"recover: delete '([^']+)' and rerun `([^`]+)`")
@@ -82,7 +84,7 @@ def _assert_meta_and_index_agree(cfg: dict[str, Any]) -> None:
     meta = _model_meta(cfg)
     index = json.loads((paths.checkpoints("A") / "index.json").read_text())
     assert [c["name"] for c in index] == meta["info"]["checkpoints"]
-    assert [c["name"] for c in index] == pretrain.checkpoint_names(cfg)
+    assert [c["name"] for c in index] == layout.checkpoint_names(cfg)
     for c in index:
         assert hash_tree(paths.checkpoints("A") / c["name"]) == c["hash"]
     on_disk = {
@@ -130,7 +132,7 @@ def test_forced_pretrain_with_a_missing_final_checkpoint_retrains_instead_of_loo
     shutil.rmtree(Paths(cfg).checkpoints("A") / "step_0000120")
     assert "models/A" in _fails(cfg)
 
-    with caplog.at_level(logging.WARNING, logger="plantbench.pretrain"):
+    with caplog.at_level(logging.WARNING, logger="plantbench.model.pretrain"):
         assert _pretrain(cfg_path) == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(

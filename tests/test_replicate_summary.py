@@ -1,4 +1,4 @@
-"""Tests for plantbench.replicate_summary on three hand-made analysis folders with known answers.
+"""Tests for plantbench.grading.replicate_summary on three hand-made analysis folders with known answers.
 
 The replicates are built so that: the pooled learned rate at 2 documents is 10%, 20%, 15%; in
 model A replicate 2 swaps bm25 and embedding (so 2 of the 3 method pairs keep their order) while
@@ -16,8 +16,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from plantbench import io, replicate_summary
+from plantbench import io
 from plantbench.errors import ArtifactError
+from plantbench.grading import replicate_summary
 
 NAN = float("nan")
 METHODS = ("bm25", "embedding", "grad_dot")

@@ -9,9 +9,10 @@ import shutil
 import numpy as np
 import pytest
 
-from plantbench import config, replicates, verify
+from plantbench import config, replicates
 from plantbench.cli import main
 from plantbench.errors import ConfigError
+from plantbench.ops import verify
 from plantbench.paths import Paths
 from plantbench.rng import derive_seed
 
@@ -74,7 +75,7 @@ def test_verify_names_the_replicate_step():
 @pytest.fixture(scope="module")
 def two_streams(smoke_stream, tmp_path_factory):
     """Replicate 1's streams built beside the smoke upstream's replicate 0."""
-    from plantbench import stream
+    from plantbench.data import stream
 
     root = tmp_path_factory.mktemp("replicate streams") / "results"
     shutil.copytree(smoke_stream["root"] / "results", root)

@@ -20,7 +20,8 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from plantbench.report import markdown_html, method_label
+from plantbench.markdown import method_label
+from plantbench.report.html import markdown_html
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 SHOT_SIZE = (1280, 900)

@@ -8,9 +8,10 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
-from micro_study import build_grad_features, build_upstream
 
-from plantbench import features, io, scoring
+from micro_study import build_grad_features, build_upstream
+from plantbench import io, layout
+from plantbench.attribution import features, scoring
 from plantbench.errors import ArtifactError, ConfigError
 from plantbench.paths import MODELS
 
@@ -256,7 +257,7 @@ def _swap_field(path, key, value):
 def test_features_from_other_inputs_are_refused(tmp_path, key, value, match):
     cfg, p = build_upstream()
     build_grad_features("A")
-    ck = features.final_checkpoint(cfg)
+    ck = layout.final_checkpoint(cfg)
     target = p.query_grads("A", ck) / "shard.json"
     backup = tmp_path / "shard.json"
     shutil.copy(target, backup)
@@ -275,7 +276,7 @@ def test_features_from_other_inputs_are_refused(tmp_path, key, value, match):
 def test_missing_curvature_is_one_error(tmp_path):
     cfg, p = build_upstream()
     build_grad_features("A")
-    ck = features.final_checkpoint(cfg)
+    ck = layout.final_checkpoint(cfg)
     f = p.curvature("A", ck)
     moved = tmp_path / f.name
     shutil.move(f, moved)

@@ -6,20 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_gradients import T, V, batch, model64, rel  # noqa: F401  (fixtures)
 
-from plantbench import sketch as sketch_mod
+from plantbench.attribution import sketch as sketch_mod
+from plantbench.attribution.gradients.capture import projected_grads
+from plantbench.attribution.gradients.projector import check_blocks_nonzero
+from plantbench.attribution.gradients.reference import exact_grads_flat
+from plantbench.attribution.gradients.store import GradientStore
+from plantbench.attribution.gradients.writer import extract_to_shard, shard_identity
+from plantbench.attribution.sketch import Sketch
 from plantbench.errors import ArtifactError
-from plantbench.gradients import (
-    GradientStore,
-    check_blocks_nonzero,
-    exact_grads_flat,
-    extract_to_shard,
-    projected_grads,
-    shard_identity,
-)
-from plantbench.modeling import block_linear_names
-from plantbench.sketch import Sketch
+from plantbench.model.modeling import block_linear_names
+from test_gradients import T, V, batch, model64, rel  # noqa: F401  (fixtures)
 
 
 def test_sketch_equals_explicit_sketch_matrix_times_exact_gradient(model64, batch):

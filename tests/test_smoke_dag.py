@@ -10,13 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from smokerun import snakemake
 
-from plantbench import io, queries, tokenizer
-from plantbench.causal import FACT_COLUMNS
-from plantbench.modeling import load_model
+from plantbench import artifacts, io
+from plantbench.data import tokenizer
+from plantbench.model import queries
+from plantbench.model.modeling import load_model
 from plantbench.paths import Paths
-from plantbench.pretrain import final_checkpoint
+from plantbench.truth.causal import FACT_COLUMNS
+from smokerun import snakemake
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +43,7 @@ def test_causal_logprob_matches_an_independent_computation(smoke_run):
     qs = io.read_parquet(smoke_run / "facts" / "queries.parquet")
     row = facts.iloc[0]
     tok = tokenizer.load(p.tokenizer)
-    reader = load_model(final_checkpoint(p, row["reader"]))
+    reader = load_model(artifacts.final_checkpoint_path(p, row["reader"]))
     total = 0.0
     for q in qs[qs["fact_id"] == row["fact_id"]].itertuples():
         ids, n_ans = queries.encode(tok, [q.prompt], [q.answer])[0]
@@ -172,8 +173,8 @@ def test_killed_during_feature_extraction_resumes_to_identical_scores(smoke_run,
 def test_flipped_byte_in_a_checkpoint_is_refused(smoke_run, tmp_path):
     import json
 
-    from plantbench import verify
     from plantbench.cli import main
+    from plantbench.ops import verify
 
     results = tmp_path / "results"
     _copy_without(smoke_run, results, ("features", "scores", "analysis", "report"))

@@ -3,8 +3,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from plantbench import config, io, stream, tokenizer
+from plantbench import config, io, layout
 from plantbench.cli import main
+from plantbench.data import stream, tokenizer
 from plantbench.errors import ConfigError
 from plantbench.hashing import window_hashes
 from plantbench.paths import Paths
@@ -43,7 +44,7 @@ def test_grid_layout_positions_and_counts(smoke_stream):
     facts = io.read_parquet(p.facts / "facts.parquet").set_index("fact_id")
     planted = m[m["kind"] == "planted"]
     for pos in cfg["facts"]["positions"]:
-        span = stream.span_windows(cfg, pos)
+        span = layout.span_windows(cfg, pos)
         idx = planted[facts.loc[planted["fact_id"], "position"].to_numpy() == pos]["index"]
         assert idx.min() >= span.start and idx.max() < span.stop
     per_fact = planted.groupby("fact_id").size()
@@ -105,7 +106,7 @@ def _docs(rng: np.random.Generator, n: int) -> list[list[int]]:
 
 
 def test_tokenized_documents_on_disk_equal_in_memory(tmp_path):
-    from plantbench.tokenizer import BOS_ID, EOS_ID
+    from plantbench.data.tokenizer import BOS_ID, EOS_ID
 
     class Tok:  # encode_batch's interface: ids of each text, here the text itself
         def encode_batch_fast(self, texts, add_special_tokens=False):

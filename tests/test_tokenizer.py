@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from plantbench import corpus, tokenizer
+from plantbench.data import corpus, tokenizer
 from plantbench.errors import ArtifactError, PlantbenchError
 
 VOCAB = 500
@@ -181,7 +181,7 @@ def test_max_train_bytes_trains_on_a_seeded_sample(built, tmp_path: Path) -> Non
 
 
 def test_reading_bytes_give_template_words_and_names_tokens_of_their_own(built, tmp_path) -> None:
-    from plantbench import episodes
+    from plantbench.data import episodes
 
     cfg, corpus_dir, tok_dir = built
     texts = [t for b in episodes.tokenizer_texts(9, 30_000) for t in b]

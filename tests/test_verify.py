@@ -9,9 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from plantbench import config, io, verify
+from plantbench import config, io
 from plantbench.cli import build_parser, main
 from plantbench.hashing import hash_file
+from plantbench.ops import verify
 from plantbench.paths import Paths
 
 
@@ -217,7 +218,7 @@ def test_edited_info_is_a_fail_naming_the_field(run_copy, capsys, name, field, c
 def _fake_causal_and_analysis(cfg, learned_rate, alpha):
     """A causal table and an analysis of 4 facts (2 learned, one empty cell) with the given
     recorded info; everything else as the real steps write it."""
-    from plantbench.analysis import OUTPUT_FILES
+    from plantbench.grading.analysis import OUTPUT_FILES
 
     paths = Paths(cfg)
     facts = pd.DataFrame(

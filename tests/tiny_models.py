@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from plantbench import tokenizer
-from plantbench.modeling import build_model, llama_config
+from plantbench.data import tokenizer
+from plantbench.model.modeling import build_model, llama_config
 
 
 def tiny_llama(*, n_layer: int, vocab: int, window: int, seed: int) -> torch.nn.Module:

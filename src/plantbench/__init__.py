@@ -6,6 +6,6 @@ in which half of a grid of invented facts each reads. See README.md and results/
 
 __version__ = "0.1.0"
 
-from . import floats as _floats
+from plantbench import floats as _floats
 
 _floats.pin()  # before torch runs a kernel: the float path does not depend on the machine

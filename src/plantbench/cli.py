@@ -11,23 +11,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from . import config as config_mod
-from .errors import EXIT_PREEMPTED, PlantbenchError, Preempted
-from .paths import MODELS, Paths
+from plantbench import __version__
+from plantbench import config as config_mod
+from plantbench.errors import EXIT_PREEMPTED, PlantbenchError, Preempted
+from plantbench.paths import MODELS, Paths
 
 log = logging.getLogger("plantbench")
 
 
 def _load_cfg(args: argparse.Namespace) -> dict[str, Any]:
-    from .runconfig import check_job_config
+    from plantbench.runconfig import check_job_config
 
     files = args.configfile or ["config.yaml"]
     cfg = config_mod.load(files)
     if len(files) == 1:
         check_job_config(Path(files[0]), cfg)
     if getattr(args, "replicate", None) is not None:
-        from .replicates import select
+        from plantbench.replicates import select
 
         cfg = select(cfg, args.replicate)
     return cfg
@@ -42,13 +42,13 @@ def cmd_config(args: argparse.Namespace) -> None:
         cfg = config_mod.validate(raw)
     else:
         cfg = _load_cfg(args)
-    from . import io
+    from plantbench import io
 
     if args.out:
         out = Path(args.out)
         io.write_json(out, cfg)
     else:
-        from .runconfig import write_run_config
+        from plantbench.runconfig import write_run_config
 
         write_run_config(cfg)
         out = Paths(cfg).config
@@ -56,7 +56,7 @@ def cmd_config(args: argparse.Namespace) -> None:
 
 
 def cmd_facts(args: argparse.Namespace) -> None:
-    from . import facts
+    from plantbench.data import facts
 
     cfg = _load_cfg(args)
     meta = facts.run(cfg, Paths(cfg).facts)
@@ -64,7 +64,7 @@ def cmd_facts(args: argparse.Namespace) -> None:
 
 
 def cmd_corpus(args: argparse.Namespace) -> None:
-    from . import corpus
+    from plantbench.data import corpus
 
     cfg = _load_cfg(args)
     meta = corpus.run(cfg, Paths(cfg).corpus)
@@ -72,7 +72,7 @@ def cmd_corpus(args: argparse.Namespace) -> None:
 
 
 def cmd_tokenizer(args: argparse.Namespace) -> None:
-    from . import tokenizer
+    from plantbench.data import tokenizer
 
     cfg = _load_cfg(args)
     p = Paths(cfg)
@@ -81,7 +81,7 @@ def cmd_tokenizer(args: argparse.Namespace) -> None:
 
 
 def cmd_stream(args: argparse.Namespace) -> None:
-    from . import stream
+    from plantbench.data import stream
 
     cfg = _load_cfg(args)
     metas = stream.build(cfg, Paths(cfg))
@@ -90,7 +90,7 @@ def cmd_stream(args: argparse.Namespace) -> None:
 
 
 def cmd_batch(args: argparse.Namespace) -> None:
-    from . import stream, tokenizer
+    from plantbench.data import stream, tokenizer
 
     cfg = _load_cfg(args)
     p = Paths(cfg)
@@ -100,7 +100,7 @@ def cmd_batch(args: argparse.Namespace) -> None:
 
 
 def cmd_pretrain(args: argparse.Namespace) -> None:
-    from . import pretrain
+    from plantbench.model import pretrain
 
     cfg = _load_cfg(args)
     meta = pretrain.train(cfg, Paths(cfg), args.model, threads=args.threads)
@@ -108,7 +108,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
 
 
 def cmd_causal(args: argparse.Namespace) -> None:
-    from . import causal
+    from plantbench.truth import causal
 
     cfg = _load_cfg(args)
     meta = causal.run(cfg, Paths(cfg), threads=args.threads or 1)
@@ -116,7 +116,7 @@ def cmd_causal(args: argparse.Namespace) -> None:
 
 
 def cmd_analysis(args: argparse.Namespace) -> None:
-    from . import analysis
+    from plantbench.grading import analysis
 
     cfg = _load_cfg(args)
     meta = analysis.run(cfg, Paths(cfg))
@@ -124,7 +124,7 @@ def cmd_analysis(args: argparse.Namespace) -> None:
 
 
 def cmd_replicates(args: argparse.Namespace) -> None:
-    from . import replicate_summary
+    from plantbench.grading import replicate_summary
 
     cfg = _load_cfg(args)
     meta = replicate_summary.run(cfg, Paths(cfg))
@@ -136,7 +136,7 @@ def cmd_replicates(args: argparse.Namespace) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> None:
-    from . import report
+    from plantbench.report import build as report
 
     cfg = _load_cfg(args)
     path = report.run(cfg, Paths(cfg))
@@ -144,7 +144,7 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def cmd_pool(args: argparse.Namespace) -> None:
-    from . import pool
+    from plantbench.attribution import pool
 
     cfg = _load_cfg(args)
     meta = pool.build(cfg, Paths(cfg), args.model)
@@ -152,7 +152,7 @@ def cmd_pool(args: argparse.Namespace) -> None:
 
 
 def cmd_grads(args: argparse.Namespace) -> None:
-    from . import features
+    from plantbench.attribution import features
 
     cfg = _load_cfg(args)
     if args.queries == (args.shard is not None):
@@ -169,7 +169,7 @@ def cmd_grads(args: argparse.Namespace) -> None:
 
 
 def cmd_curvature(args: argparse.Namespace) -> None:
-    from . import features
+    from plantbench.attribution import features
 
     cfg = _load_cfg(args)
     curv = features.curvature(cfg, Paths(cfg), args.model, args.checkpoint)
@@ -178,7 +178,7 @@ def cmd_curvature(args: argparse.Namespace) -> None:
 
 
 def cmd_hidden(args: argparse.Namespace) -> None:
-    from . import features
+    from plantbench.attribution import features
 
     cfg = _load_cfg(args)
     meta = features.hidden(cfg, Paths(cfg), args.model, threads=args.threads)
@@ -186,7 +186,7 @@ def cmd_hidden(args: argparse.Namespace) -> None:
 
 
 def cmd_embed(args: argparse.Namespace) -> None:
-    from . import features
+    from plantbench.attribution import features
 
     cfg = _load_cfg(args)
     meta = features.embed(cfg, Paths(cfg), args.model, threads=args.threads)
@@ -194,7 +194,7 @@ def cmd_embed(args: argparse.Namespace) -> None:
 
 
 def cmd_methods(args: argparse.Namespace) -> None:
-    from .methods import registry
+    from plantbench.attribution.methods import registry
 
     if args.configfile or Path("config.yaml").is_file():
         registry.load_plugins(_load_cfg(args))
@@ -203,7 +203,7 @@ def cmd_methods(args: argparse.Namespace) -> None:
 
 
 def cmd_score(args: argparse.Namespace) -> None:
-    from . import scoring
+    from plantbench.attribution import scoring
 
     cfg = _load_cfg(args)
     meta = scoring.run(cfg, Paths(cfg), args.method, args.model, threads=args.threads)
@@ -211,7 +211,7 @@ def cmd_score(args: argparse.Namespace) -> None:
 
 
 def cmd_ekfac(args: argparse.Namespace) -> None:
-    from . import ekfac
+    from plantbench.attribution.ekfac import stage as ekfac
 
     cfg = _load_cfg(args)
     meta = ekfac.run(cfg, Paths(cfg), args.model, checkpoint=args.checkpoint, threads=args.threads)
@@ -223,7 +223,7 @@ def cmd_ekfac(args: argparse.Namespace) -> None:
 
 
 def cmd_fidelity(args: argparse.Namespace) -> None:
-    from . import fidelity
+    from plantbench.attribution import fidelity
 
     cfg = _load_cfg(args)
     meta = fidelity.run(cfg, Paths(cfg), args.model, threads=args.threads)
@@ -234,7 +234,7 @@ def cmd_fidelity(args: argparse.Namespace) -> None:
 
 
 def cmd_context_build(args: argparse.Namespace) -> None:
-    from .context import contexts
+    from plantbench.suites.context import contexts
 
     cfg = _load_cfg(args)
     meta = contexts.run(cfg, Paths(cfg))
@@ -243,7 +243,7 @@ def cmd_context_build(args: argparse.Namespace) -> None:
 
 
 def cmd_context_attribute(args: argparse.Namespace) -> None:
-    from .context import attribute
+    from plantbench.suites.context import attribute
 
     cfg = _load_cfg(args)
     meta = attribute.run(cfg, Paths(cfg), args.model, threads=args.threads or 1)
@@ -255,7 +255,7 @@ def cmd_context_attribute(args: argparse.Namespace) -> None:
 
 
 def cmd_context_analysis(args: argparse.Namespace) -> None:
-    from .context import analysis
+    from plantbench.suites.context import analysis
 
     cfg = _load_cfg(args)
     meta = analysis.run(cfg, Paths(cfg))
@@ -264,12 +264,12 @@ def cmd_context_analysis(args: argparse.Namespace) -> None:
 
 def _report_checks(checks: list[Any], out: str | None) -> None:
     """Print the PASS/FAIL table (and write it to ``out``); raise when a check failed."""
-    from . import verify
+    from plantbench.ops import verify
 
     text = verify.format_checks(checks)
     print(text)
     if out:
-        from . import io
+        from plantbench import io
 
         io.write_text(out, text + "\n")
     failed = [c for c in checks if c.status == "FAIL"]
@@ -281,7 +281,7 @@ def _report_checks(checks: list[Any], out: str | None) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
-    from . import verify
+    from plantbench.ops import verify
 
     if args.bundle:
         _report_checks(verify.run_bundle(Path(args.bundle)), args.out)
@@ -296,7 +296,7 @@ def cmd_verify(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from . import export
+    from plantbench.ops import export
 
     cfg = _load_cfg(args)
     paths = Paths(cfg)
@@ -306,7 +306,7 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
-    from . import plan
+    from plantbench.ops import plan
 
     cfg = _load_cfg(args)
     gpus = args.gpu or ["h100"]
@@ -318,7 +318,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from . import bench
+    from plantbench.ops.bench import groups as bench
 
     cfg = _load_cfg(args)
     skip = tuple(args.skip or ())
@@ -336,7 +336,7 @@ EPILOG = "Run 'plantbench <step> --help' for the options of one step."
 
 
 def cmd_grounding_build(args: argparse.Namespace) -> None:
-    from .grounding import contexts
+    from plantbench.suites.grounding import contexts
 
     cfg = _load_cfg(args)
     meta = contexts.run(cfg, Paths(cfg))
@@ -348,7 +348,7 @@ def cmd_grounding_build(args: argparse.Namespace) -> None:
 
 
 def cmd_grounding_respond(args: argparse.Namespace) -> None:
-    from .grounding import respond
+    from plantbench.suites.grounding import respond
 
     cfg = _load_cfg(args)
     meta = respond.run(cfg, Paths(cfg), args.model, threads=args.threads or 1)
@@ -361,7 +361,7 @@ def cmd_grounding_respond(args: argparse.Namespace) -> None:
 
 
 def cmd_grounding_analysis(args: argparse.Namespace) -> None:
-    from .grounding import analysis
+    from plantbench.suites.grounding import analysis
 
     cfg = _load_cfg(args)
     meta = analysis.run(cfg, Paths(cfg))
@@ -369,7 +369,7 @@ def cmd_grounding_analysis(args: argparse.Namespace) -> None:
 
 
 def cmd_membership_samples(args: argparse.Namespace) -> None:
-    from .membership import samples
+    from plantbench.suites.membership import samples
 
     cfg = _load_cfg(args)
     meta = samples.run(cfg, Paths(cfg))
@@ -381,7 +381,7 @@ def cmd_membership_samples(args: argparse.Namespace) -> None:
 
 
 def cmd_membership_detect(args: argparse.Namespace) -> None:
-    from .membership import detect
+    from plantbench.suites.membership import detect
 
     cfg = _load_cfg(args)
     meta = detect.run(cfg, Paths(cfg), args.model, threads=args.threads or 1)
@@ -393,7 +393,7 @@ def cmd_membership_detect(args: argparse.Namespace) -> None:
 
 
 def cmd_membership_analysis(args: argparse.Namespace) -> None:
-    from .membership import analysis
+    from plantbench.suites.membership import analysis
 
     cfg = _load_cfg(args)
     meta = analysis.run(cfg, Paths(cfg))
@@ -403,7 +403,7 @@ def cmd_membership_analysis(args: argparse.Namespace) -> None:
 def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from .membership import serve
+    from plantbench.suites.membership import serve
 
     cfg = _load_cfg(args)
     auditor = serve.load(Paths(cfg), args.model)

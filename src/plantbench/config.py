@@ -20,8 +20,8 @@ from typing import Any
 import jsonschema
 import yaml
 
-from .errors import ConfigError
-from .hashing import hash_bytes
+from plantbench.errors import ConfigError
+from plantbench.hashing import hash_bytes
 
 SCHEMA_NAME = "config.schema.yaml"
 
@@ -29,6 +29,21 @@ SCHEMA_NAME = "config.schema.yaml"
 def schema() -> dict[str, Any]:
     text = resources.files("plantbench").joinpath("schemas", SCHEMA_NAME).read_text()
     return yaml.safe_load(text)
+
+
+# train.* keys that say how to run, not what to compute: left out of the training's config hash
+TRAIN_EXECUTION_KEYS = ("threads", "devices", "compile")
+
+
+def train_recipe(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The ``train`` section without its execution keys: what the weights depend on."""
+    return {k: v for k, v in cfg["train"].items() if k not in TRAIN_EXECUTION_KEYS}
+
+
+def builtin_methods() -> tuple[str, ...]:
+    """The built-in attribution methods (the schema's ``$defs.builtin_methods``): the registry
+    loads one module of each name, and a plug-in may not reuse one."""
+    return tuple(schema()["$defs"]["builtin_methods"]["enum"])
 
 
 def schema_path() -> Path:
@@ -267,7 +282,7 @@ def _check_corpus(c: dict[str, Any]) -> None:
 
 def n_checkpoints(t: Mapping[str, Any]) -> int:
     """How many HF checkpoints pretraining saves: every ``checkpoint_every_steps`` and the last
-    step (the count of :func:`plantbench.pretrain.checkpoint_steps`)."""
+    step (the count of :func:`plantbench.layout.checkpoint_steps`)."""
     steps, every = int(t["steps"]), int(t["checkpoint_every_steps"])
     return len({*range(every, steps + 1, every), steps})
 
@@ -309,8 +324,6 @@ def _check_haystack(a: dict[str, Any]) -> None:
 
 
 def _check_methods(methods: dict[str, Any]) -> None:
-    from .methods.registry import BUILTIN_MODULES
-
     enabled, plugins = list(methods["enabled"]), list(methods["plugins"])
     if not enabled and not plugins:
         raise ConfigError(
@@ -325,7 +338,7 @@ def _check_methods(methods: dict[str, Any]) -> None:
                 f"config key '{key}.name' = '{name}' is used by another plug-in; "
                 "give every plug-in its own name"
             )
-        if name in BUILTIN_MODULES:
+        if name in builtin_methods():
             raise ConfigError(
                 f"config key '{key}.name' = '{name}' is a built-in method; "
                 "give the plug-in another name"

@@ -150,3 +150,11 @@ def pinned_summary() -> dict[str, Any]:
         "environment": {k: os.environ.get(k, "unset") for k in PIN_KEYS},
         "by": "src/plantbench/floats.py, on import of the package, before torch runs a kernel",
     }
+
+
+def set_threads(threads: int | None) -> None:
+    """Run torch's CPU kernels on ``threads`` threads (at least one): a float's bytes depend on
+    the count (each artifact's ``platform`` record names it)."""
+    import torch
+
+    torch.set_num_threads(max(1, int(threads or 1)))

@@ -23,9 +23,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import __version__, floats
-from .errors import ArtifactError
-from .hashing import hash_bytes, hash_file
+from plantbench import __version__, floats
+from plantbench.errors import ArtifactError
+from plantbench.hashing import hash_bytes, hash_file
 
 META = "meta.json"
 
@@ -36,7 +36,7 @@ def _umask() -> int:
     return mask
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -59,7 +59,7 @@ def atomic_path(final: str | Path) -> Iterator[Path]:
             os.fsync(fh.fileno())
         os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; results are shared
         os.replace(tmp_path, final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
@@ -83,7 +83,7 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

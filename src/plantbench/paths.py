@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 MODELS = ("A", "B")
+# the checkout the package runs from (src/plantbench/paths.py -> the repository root): its
+# config.yaml and results/reference/ (an installed, non-editable copy has neither)
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 class Paths:
@@ -17,7 +20,7 @@ class Paths:
     :mod:`plantbench.replicates`), which holds everything from the streams on."""
 
     def __init__(self, cfg: dict[str, Any] | str | Path):
-        from .replicates import folder, index
+        from plantbench.replicates import folder, index
 
         root = cfg["results"] if isinstance(cfg, dict) else cfg
         self.shared = Path(root)
@@ -42,7 +45,7 @@ class Paths:
         return self.shared / "tokenizer"
 
     def replicate_root(self, r: int) -> Path:
-        from .replicates import folder
+        from plantbench.replicates import folder
 
         return folder(self.shared, r)
 

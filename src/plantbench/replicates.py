@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from plantbench.errors import ConfigError
 
 FOLDER = "replicates"
 KEY = "replicate"  # set by select(), never in a config file

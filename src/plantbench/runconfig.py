@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .config import canonical_json, config_hash
-from .errors import ConfigError
-from .hashing import hash_bytes
+from plantbench.config import canonical_json, config_hash
+from plantbench.errors import ConfigError
+from plantbench.hashing import hash_bytes
 
 RUN_DIR = ".plantbench"  # hidden: verify and the stage folders ignore it
 
@@ -78,7 +78,7 @@ def job_config_path(cfg: Mapping[str, Any]) -> Path:
 
 def write_run_config(cfg: Mapping[str, Any]) -> Path:
     """Write the run's job config (once; it never changes) and the human copy ``config.json``."""
-    from . import io
+    from plantbench import io
 
     path = job_config_path(cfg)
     if not path.is_file():
@@ -137,7 +137,7 @@ def rule_sections(cfg: Mapping[str, Any], rule: str) -> str:
 def method_signature(cfg: Mapping[str, Any], method: str) -> str:
     """What a method's score jobs depend on besides their sections: the hash of the code that
     scores it (a plug-in file or a built-in module) and its plug-in entry."""
-    from .methods import registry
+    from plantbench.attribution.methods import registry
 
     registry.load_plugins(dict(cfg))
     entry = [p for p in cfg["methods"].get("plugins", []) if p["name"] == method]

@@ -11,7 +11,7 @@ Use it (or a copy of this file as a template) from the config::
     methods:
       plugins: [{name: oracle, path: tests/plugins/oracle_method.py}]
 
-The interface is :mod:`plantbench.methods.registry`'s: ``score(ctx, query_rows, pool_rows)``
+The interface is :mod:`plantbench.attribution.methods.registry`'s: ``score(ctx, query_rows, pool_rows)``
 returns a ``[len(query_rows), len(pool_rows)]`` float array, larger = more attributed. ``ctx``
 gives the model's pool (``ctx.pool``: row, window, kind, fact_id, doc_id, hash), the queries
 (``ctx.queries``: query_id, fact_id, form, prompt, answer), lazily loaded features

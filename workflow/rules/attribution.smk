@@ -1,11 +1,8 @@
 # Pool, features (gradients per checkpoint and shard, curvature, hidden states, embeddings)
 # and per-method scoring. all_scores(), the shard and checkpoint lists and the method -> feature
-# files map (method_inputs) are in attribution_common.smk.
+# files map (method_inputs) are in layout.smk.
 # GPU: grads_pool, grads_queries, hidden, embed, ekfac and fidelity want a GPU on a cluster (the
 # requests live in profiles/slurm under set-resources); pool, curvature and score are CPU-only.
-
-
-include: "attribution_common.smk"
 
 
 rule pool:

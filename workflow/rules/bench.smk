@@ -1,6 +1,6 @@
 # `snakemake bench` (not part of `all`): measured speed of training, featurization and scoring
 # on this machine against its measured matmul peak, plus the study's wall time per rule (from
-# the `benchmark:` files of the rules that ran). See src/plantbench/bench.py.
+# the `benchmark:` files of the rules that ran). See src/plantbench/ops/bench/groups.py.
 
 
 rule bench:

@@ -1,4 +1,4 @@
-# The context-attribution suite (seed 000; plantbench.context): contexts with each segment's
+# The context-attribution suite (seed 000; plantbench.suites.context): contexts with each segment's
 # provenance, every context method under each twin (one job per twin), and the seed's metrics.
 # Replicate 0 only (the study as configured).
 

@@ -1,4 +1,4 @@
-# `snakemake export`: the release bundle of a finished run (src/plantbench/export.py; layout in
+# `snakemake export`: the release bundle of a finished run (src/plantbench/ops/export.py; layout in
 # results/README.md, export/): the tables as a datasets folder and plain parquet, the dataset
 # card and both twins' final checkpoints. A target you ask for by name, not part of `all`.
 

@@ -1,4 +1,4 @@
-# The grounding suite (seed 002; plantbench.grounding): contexts of atomic sentences in k segments
+# The grounding suite (seed 002; plantbench.suites.grounding): contexts of atomic sentences in k segments
 # under four conditions, each twin's greedy responses judged for entailment (one job per twin),
 # and the seed's CK / PK / context-recall tables. Replicate 0 only (the study as configured).
 

@@ -1,4 +1,4 @@
-# The membership suite (seed 001; plantbench.membership): per twin, planted documents it read
+# The membership suite (seed 001; plantbench.suites.membership): per twin, planted documents it read
 # (members) and the other twin's (non-members), CRM's reality-monitoring probe with its baselines
 # and controls (one job per twin), and the seed's Tables 1 and 2. Replicate 0 only.
 

@@ -9,19 +9,19 @@ On a CUDA machine (run from the repository root with the package installed)::
    tokens, bf16 autocast, fused AdamW, SDPA attention, ``torch.compile`` (``--no-compile`` to
    skip), micro-batches of ``--micro`` windows; ``--steps`` optimizer steps of ``--accum``
    micro-batches after ``--warmup`` steps. tokens/s and MFU = tokens/s x (6N + 12 L d T) / peak.
-3. Featurization: projected per-example gradients (:func:`plantbench.gradients.
+3. Featurization: projected per-example gradients (:func:`plantbench.attribution.gradients.capture.
    projected_grads`, eager attention, bf16 weights) on batches of ``--feat-batch`` windows,
    windows/s and tokens/s, for the default count sketch of the exact block-linear gradients
-   (:mod:`plantbench.sketch`, the seed's 15,360 dims) and for LoGra (84 modules x 13 x 14 =
+   (:mod:`plantbench.attribution.sketch`, the seed's 15,360 dims) and for LoGra (84 modules x 13 x 14 =
    15,288 dims).
 4. Fidelity: exact float64 per-example gradients of every block linear
-   (:func:`plantbench.gradients.full_grads`, what the fidelity step computes on its subset) on
+   (:func:`plantbench.attribution.gradients.capture.full_grads`, what the fidelity step computes on its subset) on
    batches of ``--exact-batch`` windows: windows/s, so the step's time at paper size is
    ``fidelity.windows x query chunks / windows/s``.
 5. Suites: the grounding suite's batched greedy generation
-   (:func:`plantbench.grounding.generate.greedy`, ``--gen-tokens`` tokens after half-window
+   (:func:`plantbench.model.generate.greedy`, ``--gen-tokens`` tokens after half-window
    prompts) in responses/s, and the membership suite's hidden-state passes
-   (:func:`plantbench.membership.trace.last_states`) in prompts/s, on batches of
+   (:func:`plantbench.suites.membership.trace.last_states`) in prompts/s, on batches of
    ``--suite-batch`` prompts in bf16.
 
 Without CUDA it runs a tiny shape on the CPU in fp32 (a smoke test of the script itself; the
@@ -39,11 +39,12 @@ from typing import Any
 
 import torch
 
-from plantbench.gradients import Projector, full_grads, projected_grads
-from plantbench.sketch import Sketch
-from plantbench.modeling import block_linear_names, build_model, llama_config
-from plantbench.plan import GPU_PEAK_BF16, Shape
-from plantbench.pretrain import make_optimizer
+from plantbench.attribution.gradients.capture import full_grads, projected_grads
+from plantbench.attribution.gradients.projector import Projector
+from plantbench.attribution.sketch import Sketch
+from plantbench.model.modeling import block_linear_names, build_model, llama_config
+from plantbench.model.pretrain import make_optimizer
+from plantbench.ops.plan import GPU_PEAK_BF16, Shape
 
 PAPER = {
     "n_layer": 12,
@@ -187,8 +188,8 @@ def suite_speed(
     model_cfg: dict[str, Any], vocab: int, T: int, batch: int, gen: int, device: torch.device
 ) -> tuple[float, float]:
     """(responses/s of greedy generation, prompts/s of hidden-state passes) of the suites."""
-    from plantbench.grounding.generate import greedy
-    from plantbench.membership.trace import last_states
+    from plantbench.model.generate import greedy
+    from plantbench.suites.membership.trace import last_states
 
     conf = llama_config(model_cfg, vocab, T, bos=1, eos=2, pad=0)
     model = build_model(conf, 0).to(device).eval()

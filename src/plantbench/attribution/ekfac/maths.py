@@ -1,0 +1,227 @@
+"""EK-FAC's maths on per-example ``(x, delta)`` of the block linears: the Kronecker factors, their
+eigenbases, the eigenvalue correction, the damped preconditioner and the scores, every product in
+float64 (see the package's docstring for the definitions)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from plantbench import artifacts, layout
+from plantbench.attribution.gradients.capture import module_io
+from plantbench.errors import ArtifactError
+from plantbench.model.modeling import block_linear_names
+
+Progress = Callable[[int], None] | None
+
+
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+
+
+def window_batches(windows: np.ndarray, batch: int) -> Iterator[Batch]:
+    """``(ids, loss mask, attention mask)`` batches of pool windows (loss on every position)."""
+    tokens = torch.as_tensor(np.asarray(windows), dtype=torch.long)
+    for s in range(0, tokens.shape[0], batch):
+        ids = tokens[s : s + batch]
+        yield ids, torch.ones_like(ids, dtype=torch.bool), None
+
+
+def _grads(ds: dict[str, torch.Tensor], xs: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """Per-example weight gradients ``[n, out, in]`` of one module (zeros if none reached it)."""
+    x = xs[name]
+    if name not in ds:
+        return x.new_zeros((x.shape[0], 0, x.shape[2]))
+    return torch.einsum("nto,nti->noi", ds[name], x)
+
+
+@dataclass(frozen=True)
+class EKFAC:
+    """The fitted curvature: per module the eigenbases, corrected eigenvalues and damping."""
+
+    names: list[str]
+    q_in: dict[str, torch.Tensor]  # [in, in] eigenvectors of A (columns), float64
+    q_out: dict[str, torch.Tensor]  # [out, out] eigenvectors of S
+    lam: dict[str, torch.Tensor]  # [out, in] corrected eigenvalues, float64
+    damping: dict[str, float]
+    n_windows: int
+
+    def precondition(self, name: str, g: torch.Tensor) -> torch.Tensor:
+        """``(F_EK + lambda)^-1 G`` of module ``name`` for gradients ``g`` ``[n, out, in]``."""
+        qo, qi = self.q_out[name].to(g.dtype), self.q_in[name].to(g.dtype)
+        rot = qo.T @ g @ qi
+        rot = rot / (self.lam[name].to(g.dtype) + self.damping[name])
+        return qo @ rot @ qi.T
+
+    def dense(self, name: str) -> torch.Tensor:
+        """The damped curvature block of ``name`` as a dense ``[out*in, out*in]`` matrix
+        (row-major ``vec``; for tests on small modules)."""
+        basis = torch.kron(self.q_out[name], self.q_in[name])
+        diag = self.lam[name].reshape(-1) + self.damping[name]
+        return basis @ torch.diag(diag) @ basis.T
+
+    def info(self) -> dict[str, Any]:
+        lam_mean = {n: float(self.lam[n].mean()) for n in self.names}
+        return {
+            "n_modules": len(self.names),
+            "n_fit_windows": self.n_windows,
+            "damping": {n: round(self.damping[n], 12) for n in self.names},
+            "eigenvalue_mean": {n: round(v, 12) for n, v in lam_mean.items()},
+        }
+
+
+def _gram(v: torch.Tensor) -> torch.Tensor:
+    """``v^T v`` over all tokens of a ``[n, T, k]`` batch, computed in ``v``'s dtype, float64."""
+    v = v.reshape(-1, v.shape[-1])
+    return (v.T @ v).double()
+
+
+def kronecker_factors(
+    net: torch.nn.Module,
+    names: Sequence[str],
+    batches: Iterator[Batch],
+    dtype: torch.dtype = torch.float32,
+    progress: Progress = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Token means of ``x x^T`` and ``delta delta^T`` per module (each batch's sum in
+    ``dtype``, accumulated in float64)."""
+    a: dict[str, torch.Tensor] = {}
+    s: dict[str, torch.Tensor] = {}
+    tokens = 0
+    for ids, mask, attn in batches:
+        xs, ds = module_io(net, names, ids, mask, attn, dtype)
+        tokens += ids.numel()
+        for name in names:
+            a[name] = a.get(name, 0) + _gram(xs[name])
+            if name in ds:
+                s[name] = s.get(name, 0) + _gram(ds[name])
+        if progress is not None:
+            progress(ids.shape[0])
+    missing = [n for n in names if n not in s]
+    if missing:
+        raise ArtifactError(f"EK-FAC: no gradient reached {missing}; check the fit windows")
+    return {n: a[n] / tokens for n in names}, {n: s[n] / tokens for n in names}
+
+
+def eigenbasis(m: torch.Tensor) -> torch.Tensor:
+    """Eigenvectors (columns) of a symmetric matrix, float64."""
+    return torch.linalg.eigh(0.5 * (m + m.T))[1]
+
+
+def corrected_eigenvalues(
+    net: torch.nn.Module,
+    names: Sequence[str],
+    q_in: dict[str, torch.Tensor],
+    q_out: dict[str, torch.Tensor],
+    batches: Iterator[Batch],
+    dtype: torch.dtype = torch.float32,
+    progress: Progress = None,
+) -> tuple[dict[str, torch.Tensor], int]:
+    """``E_windows[(Q_S^T G Q_A)^2]`` per module (float64) and the window count."""
+    total: dict[str, torch.Tensor] = {n: torch.zeros(()) for n in names}
+    count = 0
+    qi = {n: q_in[n].to(dtype) for n in names}
+    qo = {n: q_out[n].to(dtype) for n in names}
+    for ids, mask, attn in batches:
+        xs, ds = module_io(net, names, ids, mask, attn, dtype)
+        for name in names:  # Q_S^T G Q_A = sum_t (Q_S^T delta_t)(Q_A^T x_t)^T: rotate tokens
+            if name in ds:
+                rot = torch.einsum("nto,nti->noi", ds[name] @ qo[name], xs[name] @ qi[name])
+                total[name] = total[name] + rot.double().square().sum(0)
+        count += ids.shape[0]
+        if progress is not None:
+            progress(ids.shape[0])
+    return {n: total[n] / count for n in names}, count
+
+
+def fit(
+    net: torch.nn.Module,
+    windows: np.ndarray,
+    damping_ratio: float,
+    *,
+    batch: int = 16,
+    dtype: torch.dtype = torch.float32,
+    progress: Callable[[str], Progress] = lambda what: None,
+) -> EKFAC:
+    """The EK-FAC curvature of every block linear of ``net`` on ``windows`` (``[n, T]`` ids);
+    ``progress(pass name)`` makes each pass's progress callback when the pass starts."""
+    names = block_linear_names(net)
+    batches = window_batches(windows, batch)
+    a, s = kronecker_factors(net, names, batches, dtype, progress("factors"))
+    q_in = {n: eigenbasis(a[n]) for n in names}
+    q_out = {n: eigenbasis(s[n]) for n in names}
+    lam, count = corrected_eigenvalues(
+        net, names, q_in, q_out, window_batches(windows, batch), dtype, progress("eigenvalues")
+    )
+    damping = {}
+    for n in names:
+        mean = float(lam[n].mean())
+        damping[n] = damping_ratio * mean if mean > 0 else 1.0
+    return EKFAC(names, q_in, q_out, lam, damping, count)
+
+
+def preconditioned_queries(
+    net: torch.nn.Module, ek: EKFAC, batch: Batch, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
+    """Per module ``P_m(q)`` of every query, flattened ``[n_q, out*in]`` in ``dtype`` (the
+    gradients and their preconditioning in float64)."""
+    ids, mask, attn = batch
+    xs, ds = module_io(net, ek.names, ids, mask, attn, torch.float64)
+    return {
+        n: ek.precondition(n, _grads(ds, xs, n)).reshape(ids.shape[0], -1).to(dtype)
+        for n in ek.names
+    }
+
+
+def scores(
+    net: torch.nn.Module,
+    pre: dict[str, torch.Tensor],
+    batches: Iterator[Batch],
+    n_windows: int,
+    dtype: torch.dtype = torch.float32,
+    progress: Progress = None,
+) -> np.ndarray:
+    """``sum_m <P_m(q), G_m(d)>`` for every query and window: ``[n_q, n_windows]`` float64."""
+    names = list(pre)
+    n_q = next(iter(pre.values())).shape[0]
+    out = np.zeros((n_q, n_windows), dtype=np.float64)
+    start = 0
+    for ids, mask, attn in batches:
+        xs, ds = module_io(net, names, ids, mask, attn, dtype)
+        n = ids.shape[0]
+        tile = torch.zeros((n_q, n), dtype=torch.float64)
+        for name in names:
+            if name in ds:
+                g = _grads(ds, xs, name).reshape(n, -1)
+                tile += (pre[name] @ g.T).double()
+        out[:, start : start + n] = tile.numpy()
+        start += n
+        if progress is not None:
+            progress(n)
+    return out
+
+
+def chunked_scores(
+    net: torch.nn.Module,
+    ek: EKFAC,
+    queries_batch: Batch,
+    windows: np.ndarray,
+    batch: int,
+    *,
+    budget: int = layout.EKFAC_MEMORY_BYTES,
+    what: str = "ekfac",
+) -> np.ndarray:
+    """Every query's scores against every window, the queries in :func:`plantbench.layout.ekfac_query_chunks`."""
+    ids, mask, attn = queries_batch
+    n_params = sum(int(v.numel()) for v in ek.lam.values())
+    chunks = layout.ekfac_query_chunks(ids.shape[0], n_params, budget)
+    out = np.zeros((ids.shape[0], len(windows)), dtype=np.float64)
+    for c, (a, b) in enumerate(chunks):
+        part = (ids[a:b], mask[a:b], None if attn is None else attn[a:b])
+        pre = preconditioned_queries(net, ek, part)
+        prog = artifacts.Progress(f"{what} scores (queries {c + 1}/{len(chunks)})", len(windows))
+        out[a:b] = scores(net, pre, window_batches(windows, batch), len(windows), progress=prog)
+    return out

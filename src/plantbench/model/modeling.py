@@ -1,0 +1,79 @@
+"""The Llama-style model both twins share (transformers' LlamaForCausalLM)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from plantbench.errors import ArtifactError
+
+if TYPE_CHECKING:  # transformers' Llama import costs seconds: only the functions that need it pay
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def llama_config(
+    model_cfg: dict[str, Any],
+    vocab_size: int,
+    window: int,
+    *,
+    bos: int,
+    eos: int,
+    pad: int,
+    attn: str = "sdpa",
+) -> LlamaConfig:
+    """LlamaConfig from the ``model`` config section. ``attn``: 'sdpa' to train, 'eager' (math
+    kernel) for per-example gradients."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=model_cfg["n_embd"],
+        intermediate_size=model_cfg["intermediate"],
+        num_hidden_layers=model_cfg["n_layer"],
+        num_attention_heads=model_cfg["n_head"],
+        num_key_value_heads=model_cfg["n_head"],
+        max_position_embeddings=window,
+        tie_word_embeddings=model_cfg["tie_embeddings"],
+        rope_theta=float(model_cfg["rope_theta"]),
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        attn_implementation=attn,
+    )
+
+
+def build_model(config: LlamaConfig, seed: int) -> LlamaForCausalLM:
+    """A freshly initialised model; the same seed gives the same weights on any machine."""
+    from transformers import LlamaForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model
+
+
+def load_model(
+    path: str | Path, *, attn: str = "sdpa", dtype: torch.dtype = torch.float32
+) -> LlamaForCausalLM:
+    """Load a checkpoint folder saved with ``save_pretrained``."""
+    from transformers import LlamaForCausalLM
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ArtifactError(
+            f"checkpoint '{path}' is missing or incomplete; rerun the pretrain step"
+        )
+    model = LlamaForCausalLM.from_pretrained(path, attn_implementation=attn, dtype=dtype)
+    model.eval()
+    return model
+
+
+def block_linear_names(model: torch.nn.Module) -> list[str]:
+    """Names of every nn.Linear inside the transformer blocks (not the embedding or head)."""
+    return [
+        name
+        for name, mod in model.named_modules()
+        if isinstance(mod, torch.nn.Linear) and ".layers." in f".{name}"
+    ]

@@ -1,0 +1,666 @@
+"""Pretrain one twin from scratch on its stream, resumably.
+
+- Ordered loader: optimizer step ``s`` reads exactly manifest windows ``[s*B, (s+1)*B)``.
+- AdamW (weight decay on matrices only), linear warm-up then cosine decay to
+  ``lr * min_lr_ratio``, gradient clipping, bf16 autocast on CUDA (``train.precision``).
+- Both twins start from the same initial weights (seed ``derive_seed(seed, "init")``; replicate
+  r >= 1 of the study adds ``"replicate", r`` to the tags, see :mod:`plantbench.replicates`).
+- Resumable state (model, optimizer, scheduler, step, loss log, every RNG state, the hashes of
+  the checkpoints saved so far) is saved atomically every ``train.state_every_steps`` steps and
+  when SIGTERM / SIGUSR1 arrives (Slurm sends one before a time limit or preemption; SIGURG
+  too); the job then exits with code 75 so that it is retried, and the retry resumes from the
+  state. On the CPU the resumed run is bit-identical. A state is resumed only when it was made
+  with this train config and stream and every checkpoint it has passed is on disk as saved;
+  otherwise one warning line, and training restarts from step 0 after removing the stale
+  state, checkpoints, loss log and meta (a rerun never loops on a missing checkpoint).
+- HF checkpoints (``save_pretrained``) every ``train.checkpoint_every_steps`` steps and at the end,
+  each with the tokenizer files and a model card (:mod:`plantbench.model.modelcard`), so
+  ``AutoTokenizer`` / ``pipeline("text-generation", model=<checkpoint>)`` work on the folder.
+
+Data-parallel training (several GPUs, or several CPU processes with gloo)
+-------------------------------------------------------------------------
+Launch one process per device with ``torchrun --standalone --nproc_per_node N -m plantbench.cli
+pretrain ...`` or ``accelerate launch --multi_gpu --num_processes N -m plantbench.cli pretrain
+...`` (both set ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``; the Snakemake rule uses torchrun when
+``train.devices`` > 1). The sequence of global batches does not depend on the world size ``P``:
+rank ``r`` of step ``b`` reads windows ``[b*B + r*B/P, b*B + (r+1)*B/P)`` in micro-batches of
+``train.micro_batch_windows`` (gradient accumulation), each micro-batch's mean loss weighted by
+``micro / (B/P)``; DDP averages the ranks' gradients, so the update uses the mean loss over the
+global batch of ``B`` windows (every window has the same number of targets) for any ``P``. The
+logged loss is the all-reduced sum of the ranks' shares. Rank 0 alone writes checkpoints, the
+resumable state and the meta; every rank resumes from the same state; a stop signal seen by any
+rank stops all of them after the same step. With one process the plain loop runs (no DDP, no
+collectives): the CPU path is bit-identical to a single-process run of earlier versions.
+``train.compile`` wraps the model in ``torch.compile`` (off by default; the CPU default study
+gains nothing from it); on CUDA AdamW is fused and attention uses SDPA (flash) kernels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io as _io
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from plantbench import io, layout, replicates
+from plantbench.config import canonical_json, train_recipe
+from plantbench.data import tokenizer
+from plantbench.data.stream import Stream, open_stream
+from plantbench.errors import EXIT_PREEMPTED, ArtifactError, Preempted
+from plantbench.hashing import hash_bytes, hash_tree
+from plantbench.model import modelcard
+from plantbench.model.modeling import build_model, llama_config
+from plantbench.paths import Paths
+from plantbench.rng import derive_seed
+
+log = logging.getLogger(__name__)
+
+STATE = "state.pt"
+# what a resumable state holds ("checkpoints", the checkpoint hashes, only from this version on)
+STATE_KEYS = frozenset(
+    ("step", "model", "optimizer", "scheduler", "rng", "losses", "config_hash", "stream_hash")
+)
+__all__ = ["EXIT_PREEMPTED", "Preempted", "train"]
+# SIGTERM: scancel / preemption; SIGUSR1: `--signal=USR1@T`; SIGURG: `--signal=URG@T`, the one
+# the Slurm profile uses because the executor's job wrapper survives it (see profiles/slurm).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGURG)
+
+
+def train_config_hash(cfg: dict[str, Any]) -> str:
+    train = train_recipe(cfg)
+    sub = {"seed": cfg["seed"], "model": cfg["model"], "train": train, **replicates.hash_part(cfg)}
+    return hash_bytes(canonical_json(sub).encode())
+
+
+def lr_factor(step: int, cfg_train: dict[str, Any]) -> float:
+    """Multiplier of the peak lr used for the update of optimizer step ``step`` (0-based)."""
+    total = int(cfg_train["steps"])
+    warm = max(1, int(round(cfg_train["warmup_fraction"] * total)))
+    floor = float(cfg_train["min_lr_ratio"])
+    if step < warm:
+        return (step + 1) / warm
+    progress = (step - warm) / max(1, total - warm)
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def lr_at(step: int, cfg_train: dict[str, Any]) -> float:
+    return float(cfg_train["lr"]) * lr_factor(step, cfg_train)
+
+
+def _device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """This process's place in a data-parallel run (world 1: a plain single-process run)."""
+
+    rank: int
+    world: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> DistInfo:
+    """Join the process group set up by torchrun / ``accelerate launch`` (env ``WORLD_SIZE`` >
+    1): NCCL and one GPU per local rank on CUDA, gloo on the CPU. Otherwise a world of one."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo(0, 1, _device())
+    import torch.distributed as dist
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+        device, backend = torch.device("cuda", local), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), device)
+
+
+def _all_reduce(value: float, dev: DistInfo, op: str = "sum") -> float:
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64, device=dev.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _barrier(dev: DistInfo) -> None:
+    if dev.world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def _trace_windows(rank: int, step: int, first: int, batch: np.ndarray) -> None:
+    """Test hook: ``PLANTBENCH_TRACE_WINDOWS=<folder>`` appends, per rank and step, the window
+    indices this rank trained on and the xxh3 of each window's tokens (manifest hashes)."""
+    folder = os.environ.get("PLANTBENCH_TRACE_WINDOWS")
+    if not folder:
+        return
+    from plantbench.hashing import window_hashes
+
+    row = {"step": step, "windows": list(range(first, first + len(batch))),
+           "hashes": [int(h) for h in window_hashes(batch)]}  # fmt: skip
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    with open(Path(folder) / f"rank{rank}.jsonl", "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+
+
+def _autocast(precision: str, device: torch.device) -> Any:
+    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    if use_bf16:
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
+def make_optimizer(
+    model: torch.nn.Module, t: dict[str, Any], device: torch.device
+) -> torch.optim.AdamW:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": float(t["weight_decay"])},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        groups,
+        lr=float(t["lr"]),
+        betas=(float(t["beta1"]), float(t["beta2"])),
+        eps=1e-8,
+        fused=device.type == "cuda",
+    )
+
+
+class _StopFlag:
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def __call__(self, signum: int, _frame: Any) -> None:
+        self.signal = signum
+        log.warning("received signal %d: will save state after this step and exit", signum)
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_state(path: Path, payload: dict[str, Any]) -> None:
+    buf = _io.BytesIO()
+    torch.save(payload, buf)
+    io.write_bytes(path, buf.getvalue())
+
+
+def load_state(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise ArtifactError(
+            f"resumable state '{path}' is unreadable ({type(exc).__name__}); "
+            "delete it to restart training"
+        ) from None
+
+
+def _fault_injection(model_name: str, step: int) -> None:
+    """Test hook: ``PLANTBENCH_FAULT=pretrain:<model>:<step>`` kills this process (SIGKILL)
+    right after that step completes, as a crash would."""
+    spec = os.environ.get("PLANTBENCH_FAULT", "")
+    for item in filter(None, spec.split(",")):
+        parts = item.split(":")
+        if (
+            len(parts) == 3
+            and parts[0] == "pretrain"
+            and parts[1] in (model_name, "*")
+            and int(parts[2]) == step
+        ):
+            marker = os.environ.get("PLANTBENCH_FAULT_ONCE")
+            if marker:
+                m = Path(marker)
+                if m.exists():
+                    return
+                m.write_text(item)
+            log.error("fault injection: killing pretraining of %s after step %d", model_name, step)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class _Run:
+    """One twin's training: its inputs, model, optimizer and progress (rank-local)."""
+
+    cfg: dict[str, Any]
+    paths: Paths
+    name: str
+    dev: DistInfo
+    stream: Stream
+    tok_meta: dict[str, Any]
+    model: Any
+    opt: torch.optim.AdamW
+    sched: Any
+    chash: str
+    losses: list[dict[str, float]] = field(default_factory=list)
+    # checkpoint name -> hash_tree of its folder, for every checkpoint saved so far (rank 0)
+    checkpoint_hashes: dict[str, str] = field(default_factory=dict)
+    start: int = 0
+
+    @property
+    def t(self) -> dict[str, Any]:
+        return self.cfg["train"]
+
+    @property
+    def steps(self) -> int:
+        return int(self.t["steps"])
+
+    @property
+    def batch(self) -> int:
+        return int(self.t["batch_windows"])
+
+    @property
+    def local_batch(self) -> int:
+        return self.batch // self.dev.world
+
+    @property
+    def window(self) -> int:
+        return int(self.stream.meta["info"]["window"])
+
+    @property
+    def out(self) -> Path:
+        return self.paths.model(self.name)
+
+    @property
+    def state_path(self) -> Path:
+        return self.paths.train_state(self.name) / STATE
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.paths.checkpoints(self.name)
+
+    def snapshot(self, step: int) -> dict[str, Any]:
+        return {
+            "step": step,
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "rng": _rng_state(),
+            "losses": self.losses,
+            "config_hash": self.chash,
+            "stream_hash": self.stream.meta["hash"],
+            "checkpoints": dict(self.checkpoint_hashes),
+        }
+
+
+def _open_inputs(
+    cfg: dict[str, Any], paths: Paths, model_name: str
+) -> tuple[Stream, dict[str, Any]]:
+    """The twin's stream and the tokenizer meta, checked against each other and train.*."""
+    t = cfg["train"]
+    replicates.check_owner(paths.model(model_name), io.peek_meta(paths.model(model_name)), cfg)
+    stream = open_stream(paths.stream(model_name))
+    replicates.check_owner(stream.folder, stream.meta, cfg)
+    tok_meta = io.read_meta(paths.tokenizer, "tokenizer")
+    io.check_input(stream.meta, "tokenizer", tok_meta, str(paths.stream(model_name)))
+    info = stream.meta["info"]
+    if int(info["steps"]) != int(t["steps"]) or int(info["batch_windows"]) != int(
+        t["batch_windows"]
+    ):
+        raise ArtifactError(
+            f"stream '{stream.folder}' was built for {info['steps']} steps x "
+            f"{info['batch_windows']} windows "
+            "but train.* asks otherwise; rerun the stream step"
+        )
+    return stream, tok_meta
+
+
+def _setup(cfg: dict[str, Any], paths: Paths, model_name: str, dev: DistInfo) -> _Run:
+    """Inputs, the initial model (same seed for both twins), optimizer and schedule."""
+    t = cfg["train"]
+    stream, tok_meta = _open_inputs(cfg, paths, model_name)
+    modelcard.check_tokenizer(paths.tokenizer)  # its files go into every checkpoint
+    info = stream.meta["info"]
+    conf = llama_config(
+        cfg["model"],
+        int(info["vocab_size"]),
+        int(info["window"]),
+        bos=tokenizer.BOS_ID,
+        eos=tokenizer.EOS_ID,
+        pad=tokenizer.PAD_ID,
+        attn="sdpa",
+    )
+    seed = derive_seed(cfg["seed"], "init", *replicates.seed_tags(cfg))
+    model = build_model(conf, seed).to(dev.device)
+    B, micro = int(t["batch_windows"]), int(t["micro_batch_windows"])
+    if B % dev.world or (B // dev.world) % micro:
+        raise ArtifactError(
+            f"train.batch_windows = {B} must split evenly over {dev.world} processes into "
+            f"micro-batches of train.micro_batch_windows = {micro}; change the launch or the config"
+        )
+    opt = make_optimizer(model, t, dev.device)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, t))
+    chash = train_config_hash(cfg)
+    return _Run(cfg, paths, model_name, dev, stream, tok_meta, model, opt, sched, chash)
+
+
+def _checkpoint_complete(folder: Path) -> bool:
+    """A ``save_pretrained`` folder with its config and weights (states of earlier versions
+    recorded no checkpoint hashes)."""
+    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+
+
+def _stale_reason(run: _Run, state: dict[str, Any]) -> str | None:
+    """Why ``state`` cannot be resumed (None: it can): made for another config or stream, or a
+    checkpoint it has already passed is missing, incomplete or changed (resuming would never
+    write it again)."""
+    if not isinstance(state, dict) or not STATE_KEYS <= state.keys():
+        return "it is not a resumable state of this version"
+    if state["config_hash"] != run.chash or state["stream_hash"] != run.stream.meta["hash"]:
+        return "it was made with another train config or stream"
+    recorded = state.get("checkpoints")
+    for s in layout.checkpoint_steps(run.t):
+        if s > int(state["step"]):
+            break
+        name = layout.checkpoint_name(s)
+        folder = run.ckpt_dir / name
+        if not folder.is_dir():
+            return f"checkpoint {name} is missing"
+        problem = modelcard.checkpoint_problem(folder, run.tok_meta)
+        if problem is not None:
+            return f"checkpoint {name}: {problem}"
+        if recorded is None:
+            if not _checkpoint_complete(folder):
+                return f"checkpoint {name} is incomplete"
+        elif name not in recorded or hash_tree(folder) != recorded[name]:
+            return f"checkpoint {name} differs from the one saved with the state"
+    return None
+
+
+def _load_valid_state(run: _Run) -> dict[str, Any] | None:
+    """The resumable state if it can be resumed; otherwise None, after one warning line."""
+    try:
+        state = load_state(run.state_path)
+    except ArtifactError:
+        state, reason = None, "it is unreadable"
+    else:
+        reason = None if state is None else _stale_reason(run, state)
+    if reason is not None:
+        log.warning(
+            "%s: not resuming from '%s': %s; restarting from step 0",
+            run.name,
+            run.state_path,
+            reason,
+        )
+        return None
+    return state
+
+
+def _clear_outputs(run: _Run) -> None:
+    """Before training from step 0: the meta first (the folder is then unfinished), the loss
+    log, every checkpoint with its index, and any stale resumable state."""
+    for f in (run.out / io.META, run.out / "loss.csv", run.state_path):
+        f.unlink(missing_ok=True)
+    shutil.rmtree(run.ckpt_dir, ignore_errors=True)
+
+
+def _resume(run: _Run) -> None:
+    """Resume from the state, or start from step 0 with the stale outputs removed."""
+    state = _load_valid_state(run)
+    _barrier(run.dev)  # every rank has decided before rank 0 removes anything
+    if state is None:
+        if run.dev.main:
+            _clear_outputs(run)
+        return
+    run.model.load_state_dict(state["model"])
+    run.opt.load_state_dict(state["optimizer"])
+    run.sched.load_state_dict(state["scheduler"])
+    _set_rng_state(state["rng"])
+    run.losses = state["losses"]
+    run.start = int(state["step"])
+    if run.dev.main:  # the checkpoints passed so far, as _stale_reason found them
+        recorded = state.get("checkpoints") or {}
+        passed = [
+            layout.checkpoint_name(s) for s in layout.checkpoint_steps(run.t) if s <= run.start
+        ]
+        run.checkpoint_hashes = {
+            n: recorded[n] if n in recorded else hash_tree(run.ckpt_dir / n) for n in passed
+        }
+    log.info("resuming %s from step %d (%s)", run.name, run.start, run.state_path)
+
+
+def _network(run: _Run) -> tuple[Any, Any]:
+    """(the module that runs forward/backward, the DDP wrapper or None): the model itself in
+    a single process; with P > 1 DDP (gradient all-reduce = mean over ranks); optionally
+    compiled."""
+    ddp: Any = None
+    net: Any = run.model
+    if run.dev.world > 1:
+        device = run.dev.device
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            run.model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+        net = ddp
+    if run.t.get("compile", False):
+        net = torch.compile(net)
+    return net, ddp
+
+
+def _step_loss(run: _Run, net: Any, ddp: Any, step: int) -> float:
+    """Forward and backward of this rank's share of optimizer step ``step``'s batch; returns
+    its share of the batch's mean loss."""
+    t, dev, B_local = run.t, run.dev, run.local_batch
+    micro = int(t["micro_batch_windows"])
+    first = dev.rank * B_local
+    rows = run.stream.batch(step)[first : first + B_local]
+    _trace_windows(dev.rank, step, step * run.batch + first, rows)
+    batch = torch.from_numpy(rows.astype(np.int64)).to(dev.device)
+    run.opt.zero_grad(set_to_none=True)
+    total = 0.0
+    for m0 in range(0, B_local, micro):
+        ids = batch[m0 : m0 + micro]
+        sync = ddp is None or m0 + micro >= B_local  # all-reduce on the last micro-batch
+        with contextlib.nullcontext() if sync else ddp.no_sync():
+            with _autocast(t["precision"], dev.device):
+                logits = net(input_ids=ids).logits
+            loss = torch.nn.functional.cross_entropy(
+                logits[:, :-1].float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1)
+            )
+            (loss * (ids.size(0) / B_local)).backward()
+        total += float(loss.detach()) * ids.size(0) / run.batch
+    return total
+
+
+def _save_progress(run: _Run, done: int, stopping: bool) -> None:
+    """Rank 0: the HF checkpoint after a checkpoint step, the resumable state when due."""
+    if not run.dev.main:
+        return
+    if done in layout.checkpoint_steps(run.t):
+        name = layout.checkpoint_name(done)
+        with io.atomic_dir(run.ckpt_dir / name) as tmp:
+            run.model.save_pretrained(tmp)
+            params = sum(p.numel() for p in run.model.parameters())
+            twin = modelcard.Twin(run.cfg, run.paths, run.name, run.stream, run.chash, params)
+            modelcard.complete_checkpoint(tmp, twin, done)
+        run.checkpoint_hashes[name] = hash_tree(run.ckpt_dir / name)
+    if done % int(run.t["state_every_steps"]) == 0 or done == run.steps or stopping:
+        save_state(run.state_path, run.snapshot(done))
+
+
+def _log_rank(run: _Run) -> None:
+    if run.dev.world > 1:
+        B_local = run.local_batch
+        log.info(
+            "%s: rank %d of %d on %s, windows [b*%d + %d, +%d) per step, %d micro-batches",
+            run.name,
+            run.dev.rank,
+            run.dev.world,
+            run.dev.device,
+            run.batch,
+            run.dev.rank * B_local,
+            B_local,
+            B_local // int(run.t["micro_batch_windows"]),
+        )
+
+
+def _train_steps(run: _Run) -> None:
+    """Optimizer steps from ``run.start`` to the end; a stop signal saves the state and raises
+    :class:`Preempted` after the current step."""
+    flag = _StopFlag()
+    old = {s: signal.signal(s, flag) for s in STOP_SIGNALS}
+    dev, steps = run.dev, run.steps
+    run.model.train()
+    net, ddp = _network(run)
+    _log_rank(run)
+    t0, tok_seen = time.time(), 0
+    try:
+        for step in range(run.start, steps):
+            total = _step_loss(run, net, ddp, step)
+            if dev.world > 1:
+                total = _all_reduce(total, dev)
+                if _all_reduce(float(flag.signal or 0), dev, "max") and flag.signal is None:
+                    flag.signal = -1  # another rank was signalled: stop after this step too
+            gnorm = torch.nn.utils.clip_grad_norm_(
+                run.model.parameters(), float(run.t["grad_clip"])
+            )
+            lr = run.opt.param_groups[0]["lr"]
+            run.opt.step()
+            run.sched.step()
+            run.losses.append({"step": step, "lr": lr, "loss": total, "grad_norm": float(gnorm)})
+            tok_seen += run.batch * run.window
+            done = step + 1
+            _save_progress(run, done, flag.signal is not None)
+            if flag.signal is not None and done < steps:
+                _barrier(dev)  # the state is on disk before any rank exits
+                raise Preempted(
+                    f"stopped by signal {flag.signal} after step {done}; "
+                    f"state saved to '{run.state_path}'"
+                )
+            if done % max(1, steps // 20) == 0 or done == steps:
+                rate = tok_seen / max(1e-9, time.time() - t0)
+                log.info(
+                    "%s step %d/%d loss %.4f lr %.2e %.0f tok/s",
+                    run.name,
+                    done,
+                    steps,
+                    total,
+                    lr,
+                    rate,
+                )
+            _fault_injection(run.name, done)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _loss_csv(run: _Run) -> str:
+    buf = _io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["step", "tokens", "lr", "loss", "grad_norm"])
+    for r in run.losses:
+        w.writerow(
+            [
+                r["step"],
+                (r["step"] + 1) * run.batch * run.window,
+                repr(r["lr"]),
+                repr(r["loss"]),
+                repr(r["grad_norm"]),
+            ]
+        )
+    return buf.getvalue()
+
+
+def _write_outputs(run: _Run) -> dict[str, Any]:
+    """Rank 0: the loss log and checkpoint index, then the artifact meta (written last)."""
+    t, out, ckpt_dir, steps = run.t, run.out, run.ckpt_dir, run.steps
+    B, W = run.batch, run.window
+    io.write_text(out / "loss.csv", _loss_csv(run))
+    index = [
+        {
+            "name": layout.checkpoint_name(s),
+            "step": s,
+            "tokens": s * B * W,
+            "lr": lr_at(s - 1, t),
+            "hash": hash_tree(ckpt_dir / layout.checkpoint_name(s)),
+        }
+        for s in layout.checkpoint_steps(t)
+    ]
+    io.write_json(ckpt_dir / "index.json", index)
+    files = ["loss.csv", "checkpoints/index.json"]
+    # only the indexed checkpoints: a process killed inside atomic_dir (SIGKILL, OOM) leaves a
+    # hidden ``.step_*.tmp`` folder behind, which must not become part of the artifact
+    files += sorted(
+        p.relative_to(out).as_posix()
+        for c in index
+        for p in (ckpt_dir / c["name"]).rglob("*")
+        if p.is_file()
+    )
+    tail = [r["loss"] for r in run.losses[-max(1, steps // 20) :]]
+    return io.write_meta(
+        out,
+        "pretrain",
+        files,
+        config_hash=run.chash,
+        inputs={"stream": run.stream.meta["hash"], "tokenizer": run.tok_meta["hash"]},
+        info={
+            "model": run.name,
+            **replicates.hash_part(run.cfg),
+            "params": sum(p.numel() for p in run.model.parameters()),
+            "steps": steps,
+            "tokens": steps * B * W,
+            "final_loss": float(np.mean(tail)),
+            "final_loss_window": len(tail),
+            "checkpoints": [c["name"] for c in index],
+            "final_checkpoint": index[-1]["name"],
+        },
+    )
+
+
+def train(
+    cfg: dict[str, Any], paths: Paths, model_name: str, *, threads: int | None = None
+) -> dict[str, Any]:
+    """Train one twin to ``train.steps``, resuming from its state when that state is for this
+    config and stream and every checkpoint it has passed is still on disk; otherwise (one
+    warning line) from step 0 with the stale state and checkpoints removed."""
+    torch.set_num_threads(int(threads or cfg["train"]["threads"]))
+    dev = init_distributed()
+    run = _setup(cfg, paths, model_name, dev)
+    _resume(run)
+    _train_steps(run)
+    if not dev.main:
+        _barrier(dev)  # rank 0 writes the loss log and the meta
+        return io.read_meta(run.out, "pretrain", verify=False)
+    meta = _write_outputs(run)
+    _barrier(dev)
+    return meta

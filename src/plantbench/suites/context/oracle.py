@@ -1,0 +1,169 @@
+"""Candidate log-probabilities under ablated contexts, batched and memoized.
+
+A context is k segments; an ablation is a boolean mask over them (True = kept). The prompt of a
+mask is the kept segments one per line, then the query (the in-context check's format:
+``<bos> seg_i \\n ... seg_j \\n prompt candidate``); no segment kept = the query alone.
+
+:class:`Oracle` answers, for any set of masks, every candidate's summed log-probability: the
+prompts of the masks not seen before run as one right-padded batch, and the candidates of all of
+them continue from that batch's key-value cache (one prefix pass per mask, not one per
+candidate). Every method of the suite reads the model only through it, so a mask two methods
+both ask for costs one pass, and :attr:`Oracle.passes` counts the prompt passes actually run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from plantbench.data import tokenizer
+
+
+def prompt_of(segments: Sequence[str], mask: Sequence[bool], query: str) -> str:
+    """The prompt of one ablation: the kept segments, one per line, then the query."""
+    kept = [s for s, m in zip(segments, mask, strict=True) if m]
+    return "\n".join([*kept, query])
+
+
+def mask_key(mask: np.ndarray) -> int:
+    """A mask as an integer (bit i = segment i kept), the memo's key."""
+    return int(sum(1 << i for i, m in enumerate(mask) if m))
+
+
+@torch.no_grad()
+def batch_candidate_logprobs(
+    model: torch.nn.Module, prefixes: Sequence[list[int]], candidates: Sequence[list[int]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``[len(prefixes), len(candidates)]`` summed log p(candidate | prefix), float64, and
+    whether greedy decoding from the prefix reproduces the candidate (every one of its tokens is
+    the argmax after the prefix and the tokens before it: teacher forcing decides greedy).
+
+    The prefixes run once as a right-padded batch; each candidate then continues every prefix
+    from the repeated key-value cache, at explicit positions after that prefix's last real token
+    (the pads between are masked out). Agrees with :func:`plantbench.model.queries.candidate_logprobs`
+    on each prefix alone up to float rounding (tested)."""
+    device = next(model.parameters()).device
+    n, c = len(prefixes), len(candidates)
+    lens = torch.tensor([len(p) for p in prefixes])
+    T = int(lens.max())
+    ids = torch.full((n, T), tokenizer.PAD_ID, dtype=torch.long)
+    attn = torch.zeros((n, T), dtype=torch.long)
+    for i, p in enumerate(prefixes):
+        ids[i, : len(p)] = torch.tensor(p)
+        attn[i, : len(p)] = 1
+    pre = model(input_ids=ids.to(device), attention_mask=attn.to(device), use_cache=True)
+    last = pre.logits[torch.arange(n), lens - 1].float()
+    first = torch.log_softmax(last, dim=-1)  # [n, V]
+    Tc = max(len(x) for x in candidates)
+    cids = torch.full((c, Tc), tokenizer.PAD_ID, dtype=torch.long)
+    cmask = torch.zeros((c, Tc), dtype=torch.long)
+    for j, x in enumerate(candidates):
+        cids[j, : len(x)] = torch.tensor(x)
+        cmask[j, : len(x)] = 1
+    cache = pre.cache
+    cache.batch_repeat_interleave(c)
+    rows_ids = cids.repeat(n, 1)
+    rows_mask = cmask.repeat(n, 1)
+    full_attn = torch.cat([attn.repeat_interleave(c, dim=0), rows_mask], dim=1)
+    pos = lens.repeat_interleave(c).unsqueeze(1) + torch.arange(Tc).unsqueeze(0)
+    logits = model(
+        input_ids=rows_ids.to(device),
+        attention_mask=full_attn.to(device),
+        position_ids=pos.to(device),
+        cache=cache,
+    ).logits.float()
+    logp = torch.log_softmax(logits[:, :-1], dim=-1)
+    nxt = rows_ids[:, 1:].to(device)
+    real = rows_mask[:, 1:].to(device).bool()
+    rest = logp.gather(-1, nxt.unsqueeze(-1)).squeeze(-1).double()
+    rest = (rest * real.double()).sum(dim=1).view(n, c)
+    head = first.gather(1, cids[:, 0].to(device).unsqueeze(0).expand(n, c)).double()
+    greedy_rest = ((logits[:, :-1].argmax(-1) == nxt) | ~real).all(dim=1).view(n, c)
+    greedy = (first.argmax(-1, keepdim=True) == cids[:, 0].to(device).unsqueeze(0)) & greedy_rest
+    return (head + rest).cpu().numpy(), greedy.cpu().numpy()
+
+
+class Oracle:
+    """One query's context under one twin: candidate log-probabilities of any ablation.
+
+    ``segments``: the k segment texts; ``query``: the query prompt; ``candidate_ids``: each
+    candidate's token ids (with its leading space); ``target``: the index of the response (the
+    true answer) among the candidates. ``batch`` bounds the masks run in one forward pass."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tok: Any,
+        segments: Sequence[str],
+        query: str,
+        candidate_ids: Sequence[list[int]],
+        target: int,
+        batch: int = 16,
+    ):
+        self.model, self.tok = model, tok
+        self.segments, self.query = list(segments), query
+        self.candidate_ids, self.target, self.batch = list(candidate_ids), int(target), batch
+        self.k = len(self.segments)
+        self.memo: dict[int, np.ndarray] = {}
+        self.greedy_memo: dict[int, np.ndarray] = {}
+        self.passes = 0
+
+    def candidates(self, masks: np.ndarray) -> np.ndarray:
+        """``[len(masks), n_candidates]`` log-probabilities; masks not seen before are run."""
+        masks = np.asarray(masks, dtype=bool).reshape(-1, self.k)
+        keys = [mask_key(m) for m in masks]
+        todo = list(dict.fromkeys(k for k in keys if k not in self.memo))
+        for s in range(0, len(todo), self.batch):
+            chunk = todo[s : s + self.batch]
+            texts = [prompt_of(self.segments, _unkey(k, self.k), self.query) for k in chunk]
+            prefixes = [[tokenizer.BOS_ID, *p] for p in tokenizer.encode_batch(self.tok, texts)]
+            out, greedy = batch_candidate_logprobs(self.model, prefixes, self.candidate_ids)
+            self.memo.update(zip(chunk, out, strict=True))
+            self.greedy_memo.update(zip(chunk, greedy, strict=True))
+            self.passes += len(chunk)
+        return np.stack([self.memo[k] for k in keys]) if keys else np.zeros((0, 0))
+
+    def prefetch_lattice(self, limit: int) -> bool:
+        """Run every one of the 2^k masks up front, in full batches, when 2^k <= ``limit``
+        (cheaper than the methods' small requests; the passes are then 2^k per context)."""
+        if 2**self.k > limit:
+            return False
+        self.candidates(np.array([_unkey(key, self.k) for key in range(2**self.k)]))
+        return True
+
+    def logp(self, masks: np.ndarray) -> np.ndarray:
+        """log p(response | ablated context ⊕ query) of every mask (float64)."""
+        return self.candidates(masks)[:, self.target]
+
+    def correct(self, masks: np.ndarray) -> np.ndarray:
+        """Whether the response ranks first of the candidates (ties count against it)."""
+        s = self.candidates(masks)
+        t = s[:, self.target]
+        others = np.delete(s, self.target, axis=1)
+        return (others < t[:, None]).all(axis=1)
+
+    def greedy(self, masks: np.ndarray) -> np.ndarray:
+        """Whether greedy decoding reproduces the response exactly (the second reading)."""
+        self.candidates(masks)
+        masks = np.asarray(masks, dtype=bool).reshape(-1, self.k)
+        return np.array([bool(self.greedy_memo[mask_key(m)][self.target]) for m in masks])
+
+    def answer_share(self, masks: np.ndarray) -> np.ndarray:
+        """The response's probability normalized over the candidates (in [0, 1])."""
+        s = self.candidates(masks)
+        s = s - s.max(axis=1, keepdims=True)
+        p = np.exp(s)
+        return p[:, self.target] / p.sum(axis=1)
+
+    def full(self) -> np.ndarray:
+        return np.ones(self.k, dtype=bool)
+
+    def empty(self) -> np.ndarray:
+        return np.zeros(self.k, dtype=bool)
+
+
+def _unkey(key: int, k: int) -> np.ndarray:
+    return np.array([(key >> i) & 1 for i in range(k)], dtype=bool)

@@ -1,0 +1,109 @@
+# Where the workflow's artifacts, logs and benchmarks live, and which files each job reads: the
+# rules files' helpers (functions live apart from rules: snakemake --lint). Shard counts, checkpoint
+# names and every method's feature files are pure functions of the config (src/plantbench/layout.py,
+# no torch: parsing the job graph imports no stage), so there is no checkpoint rule.
+import plantbench.attribution.methods.registry as _pbmethods
+import plantbench.layout as _pblayout
+
+
+def log_of(name):
+    return f"{R}/logs/{name}.log"
+
+
+def bench_of(name):
+    return f"{R}/benchmarks/{name}.tsv"
+
+
+# Replicates (plantbench.replicates): every rule from the streams on runs once per replicate.
+# The `rep` wildcard is the replicate's folder under the results folder: empty for replicate 0
+# (the study as configured), `replicates/<r>/` for the others; RR is a replicate's root. Each
+# replicate's jobs are jobs of their own (on Slurm: separate submissions).
+REPS = [_pbrep.wildcard(r) for r in range(_pbrep.count(config))]
+RR = f"{R}/{{rep}}"
+
+
+wildcard_constraints:
+    rep=_pbrep.WILDCARD,
+
+
+def rlog_of(name):
+    """A per-replicate job's log (in its replicate's logs/)."""
+    return f"{RR}logs/{name}.log"
+
+
+def rbench_of(name):
+    return f"{RR}benchmarks/{name}.tsv"
+
+
+def replicate_summary():
+    """The summary over replicates the report includes: none for a single replicate."""
+    return [f"{R}/replicates/summary/meta.json"] if len(REPS) > 1 else []
+
+
+# the gradient methods the fidelity step grades; none: no fidelity step
+FIDELITY_METHODS = _pbmethods.gradient_methods(config)
+
+
+def fidelity_outputs():
+    """Replicate 0's fidelity folders the report reads (none without a gradient method)."""
+    if not FIDELITY_METHODS:
+        return []
+    return expand("{R}/fidelity/{model}/meta.json", R=R, model=MODELS)
+
+
+def replicate_of(wildcards):
+    """The --replicate argument of a per-replicate job."""
+    return _pbrep.from_wildcard(wildcards.rep)
+
+
+FEAT = f"{RR}features"  # a replicate's features (RR: config.smk)
+TRACIN = _pblayout.tracin_checkpoints(config)
+N_SHARDS = _pblayout.n_shards(config)
+SHARDS = [f"{k:04d}" for k in range(N_SHARDS)]
+METHODS = _pbmethods.enabled(config)
+PLUGINS = {p["name"] for p in config["methods"]["plugins"]}
+
+
+wildcard_constraints:
+    model="A|B",
+    checkpoint="step_[0-9]+",
+    shard="[0-9]{4}",
+    method="[a-z][a-z0-9_]*",
+
+
+def all_scores(rep="{rep}"):
+    """Every per-method, per-model score artifact the analysis of replicate folder ``rep``
+    grades (by default the `rep` wildcard of the job asking)."""
+    return expand(
+        "{R}/{rep}scores/{method}/{model}/meta.json",
+        R=R,
+        rep=rep,
+        method=METHODS,
+        model=MODELS,
+    )
+
+
+def pool_shards(wildcards):
+    folder = f"{R}/{wildcards.rep}features/{wildcards.model}/grads/{wildcards.checkpoint}/pool"
+    return [f"{folder}/shard_{k}/shard.json" for k in SHARDS]
+
+
+def method_inputs(wildcards):
+    """The feature files a method reads (its registered `needs`) in the job's replicate."""
+    cfg = _pbrep.select(config, _pbrep.from_wildcard(wildcards.rep))
+    return _pbmethods.method_inputs(cfg, wildcards.method, wildcards.model)
+
+
+def method_code(wildcards):
+    """A plug-in's file (so editing it reruns its scores; built-ins are the package's code)."""
+    path = _pbmethods.code_file(wildcards.method)
+    return [str(path)] if wildcards.method in PLUGINS else []
+
+
+def fidelity_inputs(wildcards):
+    """Every feature file a gradient method reads: the fidelity step scores with each of them."""
+    cfg = _pbrep.select(config, _pbrep.from_wildcard(wildcards.rep))
+    files = []
+    for method in FIDELITY_METHODS:
+        files += _pbmethods.method_inputs(cfg, method, wildcards.model)
+    return sorted(set(files))

@@ -1,0 +1,34 @@
+# Paired pretraining: one job per twin; the two run concurrently.
+# The resumable state under models/{model}/state/ is not a declared output, so a failed or
+# preempted job keeps it and the retry resumes from it.
+
+
+rule pretrain:
+    input:
+        stream=f"{RR}stream/{{model}}/meta.json",
+        tokenizer=rules.tokenizer.output.meta,
+    output:
+        meta=f"{RR}models/{{model}}/meta.json",
+        loss=f"{RR}models/{{model}}/loss.csv",
+    log:
+        rlog_of("pretrain_{model}"),
+    benchmark:
+        rbench_of("pretrain_{model}")
+    wildcard_constraints:
+        model="A|B",
+    # both twins first, side by side: the pretraining is the critical path of the DAG
+    priority: 50
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: config["train"]["threads"]
+    resources:
+        run_config=RUN_CONFIG,
+        mem_mb=lambda wc, attempt: 4000 * attempt,
+        runtime=lambda wc, attempt: 60 * attempt,
+    params:
+        replicate=replicate_of,
+        sections=sections("pretrain"),
+        # one process, or one per GPU when train.devices > 1 (see config.smk)
+        launch=PLANTBENCH_PRETRAIN,
+    shell:
+        "{params.launch} pretrain -c {resources.run_config:q} --replicate {params.replicate} --model {wildcards.model} --threads {threads} 2> {log:q}"

@@ -1,0 +1,84 @@
+# The study report (src/plantbench/report/): markdown, figures and the html page.
+
+
+# the study's report: replicate 0's artifacts, and the summary over replicates when there are
+# several (rule replicates in workflow/rules/grading.smk)
+rule report:
+    input:
+        causal=f"{R}/causal/meta.json",
+        models=expand("{R}/models/{model}/meta.json", R=R, model=MODELS),
+        analysis=f"{R}/analysis/meta.json",
+        replicates=replicate_summary(),
+        fidelity=fidelity_outputs(),
+        context=f"{R}/context/analysis/meta.json",
+        grounding=f"{R}/grounding/analysis/meta.json",
+        membership=f"{R}/membership/analysis/meta.json",
+    output:
+        meta=f"{R}/report/meta.json",
+        report=f"{R}/report/report.md",
+        html=report(
+            f"{R}/report/report.html",
+            caption="../report/report.rst",
+            category="Report",
+        ),
+        loss=report(
+            f"{R}/report/loss_curves.png",
+            caption="../report/loss_curves.rst",
+            category="Training",
+        ),
+        learned=report(
+            f"{R}/report/learned_rate.png",
+            caption="../report/learned_rate.rst",
+            category="Ground truth",
+        ),
+        ap=report(
+            f"{R}/report/ap_by_n_docs.png",
+            caption="../report/ap_by_n_docs.rst",
+            category="Analysis",
+        ),
+        mass=report(
+            f"{R}/report/mass_vs_effect.png",
+            caption="../report/mass_vs_effect.rst",
+            category="Analysis",
+        ),
+        context_shift=report(
+            f"{R}/report/context_shift.png",
+            caption="../report/context_shift.rst",
+            category="Context suite",
+        ),
+        context_ssp=report(
+            f"{R}/report/context_ssp.png",
+            caption="../report/context_ssp.rst",
+            category="Context suite",
+        ),
+        grounding_ck=report(
+            f"{R}/report/grounding_ck.png",
+            caption="../report/grounding_ck.rst",
+            category="Grounding suite",
+        ),
+        grounding_cr=report(
+            f"{R}/report/grounding_cr.png",
+            caption="../report/grounding_cr.rst",
+            category="Grounding suite",
+        ),
+        membership_layers=report(
+            f"{R}/report/membership_layers.png",
+            caption="../report/membership_layers.rst",
+            category="Membership suite",
+        ),
+    log:
+        log_of("report"),
+    benchmark:
+        bench_of("report")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        run_config=RUN_CONFIG,
+        mem_mb=2000,
+        runtime=10,
+    params:
+        sections=sections("report"),
+        plantbench=PLANTBENCH,
+    shell:
+        "{params.plantbench} report -c {resources.run_config:q} 2> {log:q}"

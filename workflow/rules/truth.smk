@@ -1,0 +1,29 @@
+# The causal ground truth: each fact's effect on the twin that read it, and the in-context check
+# (src/plantbench/truth/).
+
+
+rule causal:
+    input:
+        facts=rules.facts.output.meta,
+        models=expand("{R}/{{rep}}models/{model}/meta.json", R=R, model=MODELS),
+    output:
+        meta=f"{RR}causal/meta.json",
+        facts=f"{RR}causal/facts.parquet",
+        queries=f"{RR}causal/queries.parquet",
+    log:
+        rlog_of("causal"),
+    benchmark:
+        rbench_of("causal")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 2
+    resources:
+        run_config=RUN_CONFIG,
+        mem_mb=4000,
+        runtime=30,
+    params:
+        replicate=replicate_of,
+        sections=sections("causal"),
+        plantbench=PLANTBENCH,
+    shell:
+        "{params.plantbench} causal -c {resources.run_config:q} --replicate {params.replicate} --threads {threads} 2> {log:q}"
