@@ -26,6 +26,7 @@ MICRO = {
     "model": {"n_layer": 1, "n_embd": 32, "n_head": 2, "intermediate": 64},
     "train": {
         "steps": 20,
+        "prefix_steps": 0,
         "batch_windows": 4,
         "micro_batch_windows": 4,
         "lr": 3.0e-3,

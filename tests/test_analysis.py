@@ -558,11 +558,10 @@ def test_per_fact_ranks_and_columns(study_with_methods: tuple[Study, pd.DataFram
         assert c in pf.columns
 
 
-def test_analysis_is_fast_and_deterministic(
+def test_analysis_is_deterministic(
     study_with_methods: tuple[Study, pd.DataFrame, float], default_cfg: dict
 ) -> None:
-    st, _, elapsed = study_with_methods
-    assert elapsed < 20  # 480 facts x 5 methods, 200 resamples
+    st, _, elapsed = study_with_methods  # its time is a benchmark's business, not a test's
     before = json.loads((st.root / "analysis" / "meta.json").read_text())
     cfg = cfg_for(default_cfg, st.root, ["oracle", "effect_noise", "length", "constant", "nan"])
     analysis.run(cfg, st.paths)

@@ -41,7 +41,8 @@ def test_deep_merge_keeps_siblings():
         ({"train": {"batch_windows": 8, "micro_batch_windows": 3}}, "multiple"),
         ({"stream": {"position_spans": {"late": [0.9, 0.8]}}}, "start < end"),
         ({"corpus": {"sources": [{"kind": "jsonl"}]}}, "corpus.sources.0.path"),
-        ({"train": {"steps": 100}}, "does not fit in the stream"),
+        ({"train": {"steps": 100}}, "leaves no paired part"),
+        ({"train": {"steps": 4900}}, "does not fit in the stream"),
         (
             {
                 "facts": {
@@ -49,7 +50,7 @@ def test_deep_merge_keeps_siblings():
                     "facts_per_cell": 2,
                     "n_docs": [2, 8, 32, 128],
                 },
-                "train": {"steps": 300},
+                "train": {"steps": 300, "prefix_steps": 0},
                 "stream": {
                     "position_spans": {
                         "early": [0, 0.33],

@@ -12,10 +12,11 @@ import torch
 
 from plantbench.errors import ConfigError
 from plantbench.model import queries
+from plantbench.model.queries import batch_candidate_logprobs
 from plantbench.suites import common
 from plantbench.suites.context import contexts, metrics
 from plantbench.suites.context.methods import attribot, contextcite, registry, tokenshap, tracllm
-from plantbench.suites.context.oracle import Oracle, batch_candidate_logprobs, mask_key
+from plantbench.suites.context.oracle import Oracle, mask_key
 from plantbench.suites.context.settings import settings
 
 

@@ -83,9 +83,9 @@ def test_no_episode_names_a_grid_entity_or_answer(episode_run):
     tables = _tables(episode_run)
     eps = episodes.generate(cfg, tables, 300)
     episodes.check_disjoint(eps, tables)
-    grid = episodes._grid_names(tables)
+    grid = episodes.grid_names(tables)
     for text in eps["text"]:
-        assert not grid & episodes._words(text)
+        assert not grid & episodes.words_of(text)
     # an episode that does name a grid entity is refused, naming the key
     bad = eps.head(1).copy()
     bad["text"] = bad["text"] + " " + tables["facts"]["entity"].iloc[0]
@@ -125,9 +125,11 @@ def test_batch_shows_episode_windows(episode_run, capsys):
     assert " episode " in out and "EP0" in out
 
 
-def test_the_default_study_reads_episodes_and_none_without_the_key(smoke_cfg):
-    assert layout.episode_share(smoke_cfg) == 0.25  # config.yaml's, inherited by the smoke study
-    assert layout.episode_count(smoke_cfg, 10_000) == 2_500
+def test_the_studies_read_recall_windows_and_episodes_only_with_the_key(smoke_cfg):
+    assert layout.episode_share(smoke_cfg) == 0.0  # the recall windows teach reading instead
+    assert layout.recall_counts(smoke_cfg)["prefix"] == layout.prefix_windows(smoke_cfg) > 0
+    shared = config.deep_merge(smoke_cfg, {"stream": {"episode_share": 0.25}})
+    assert layout.episode_count(shared, 10_000) == 2_500
     bare = {**smoke_cfg, "stream": {"window": 128, "position_spans": {}}}
     assert layout.episode_share(bare) == 0.0 and layout.episode_count(bare, 10_000) == 0
 

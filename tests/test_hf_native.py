@@ -29,7 +29,13 @@ from upstream import build_upstream
 
 OVERRIDE = {
     "corpus": {"max_bytes": 400_000},
-    "train": {"steps": 40, "checkpoint_every_steps": 20, "state_every_steps": 20, "threads": 1},
+    "train": {
+        "steps": 40,
+        "prefix_steps": 0,
+        "checkpoint_every_steps": 20,
+        "state_every_steps": 20,
+        "threads": 1,
+    },
 }
 PROMPT = "The headquarters of the company are in the city of"
 

@@ -111,11 +111,14 @@ def test_a_model_that_copies_its_context_reads_and_follows(monkeypatch):
     ic = prompts.prompts(prompts.build_contexts(facts, cands, k, 0), qs)
     model = _Copier(vocab=256)
 
-    def full_forward(model, prefix, candidates):  # noqa: ANN001
-        items = [([*prefix, *c], len(c)) for c in candidates]
-        return queries.answer_logprobs(model, items, 64)[0]
+    def full_forward(model, prefixes, candidates):  # noqa: ANN001
+        rows = []
+        for prefix in prefixes:
+            items = [([*prefix, *c], len(c)) for c in candidates]
+            rows.append(queries.answer_logprobs(model, items, 64)[0])
+        return np.array(rows), None
 
-    monkeypatch.setattr(queries, "candidate_logprobs", full_forward)
+    monkeypatch.setattr(queries, "batch_candidate_logprobs", full_forward)
     scored = {m: in_context.score(model, None, ic, cands) for m in ("A", "B")}
     tab = in_context.table(facts, ic, scored, k)
     assert list(tab.columns) == in_context.COLUMNS

@@ -127,6 +127,6 @@ def test_module_workflow(tmp_path: Path) -> None:
     planned = dry.stdout + dry.stderr
     for rule in ("report", "analysis", "score", "grads_pool"):
         assert f"rule {rule}:" in planned, rule
-    for rule in ("facts", "corpus", "tokenizer", "stream", "pretrain", "causal"):
+    for rule in ("facts", "corpus", "tokenizer", "stream", "pretrain_prefix", "pretrain", "causal"):
         assert f"rule {rule}:" not in planned, rule
     assert not (ROOT / "tests" / "module" / ".snakemake").exists()

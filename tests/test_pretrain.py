@@ -38,6 +38,7 @@ OVERRIDE = {
     "corpus": {"max_bytes": 400_000},
     "train": {
         "steps": STEPS,
+        "prefix_steps": 0,  # the twins from step 0 (the prefix and its fork: tests/test_recall.py)
         "checkpoint_every_steps": CKPT_EVERY,
         "state_every_steps": STATE_EVERY,
         "threads": 1,

@@ -13,6 +13,7 @@ import yte
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_RULES = {
+    "pretrain_prefix",
     "pretrain",
     "grads_pool",
     "grads_queries",

@@ -46,7 +46,7 @@ def test_plain_config_files_are_not_checked_for_a_hash_name(tmp_path):
 
 def test_the_stream_does_not_depend_on_the_learning_rate(smoke_cfg):
     lr = config.deep_merge(smoke_cfg, {"train": {"lr": 2.0e-3}})
-    steps = config.deep_merge(smoke_cfg, {"train": {"steps": 160}})
+    steps = config.deep_merge(smoke_cfg, {"train": {"steps": 200}})
     for rule in ("facts", "corpus", "tokenizer", "stream", "pool", "score"):
         assert runconfig.rule_sections(lr, rule) == runconfig.rule_sections(smoke_cfg, rule), rule
     assert runconfig.rule_sections(lr, "pretrain") != runconfig.rule_sections(smoke_cfg, "pretrain")

@@ -9,7 +9,7 @@ override), with `-s <repo>/Snakefile -d <tmp workdir>`: the Snakefile's relative
 (include:, the schema, `conda:` envs) resolve against the Snakefile, but `configfile:
 "config.yaml"` resolves against the working directory, so every run passes the config files
 explicitly. The target is the causal step's output (config, facts, corpus, tokenizer, streams, both twins,
-causal ground truth: 8 Slurm jobs); set PLANTBENCH_SLURM_TARGETS="all" to run the whole study.
+causal ground truth: 9 Slurm jobs); set PLANTBENCH_SLURM_TARGETS="all" to run the whole study.
 
 1. the DAG runs as one Slurm job per rule job, with the resources Snakemake asked for;
 2. its artifact hashes equal a `--profile profiles/local` run of the same config;
@@ -48,12 +48,18 @@ CAUSAL = "tests/smoke/results/causal/meta.json"
 TARGETS = os.environ.get("PLANTBENCH_SLURM_TARGETS", CAUSAL).split()
 OVERRIDE = {
     "corpus": {"max_bytes": 400_000},
-    "train": {"steps": 40, "checkpoint_every_steps": 20, "state_every_steps": 10},
+    "train": {
+        "steps": 50,
+        "prefix_steps": 10,  # the shared prefix: one job, then the two twins
+        "checkpoint_every_steps": 20,
+        "state_every_steps": 10,
+    },
     # the smoke config's oracle plug-in path is relative to the repository root, not the workdir
     "methods": {"plugins": []},
 }
 R = "tests/smoke/results"  # tests/smoke/config.yaml's results folder, inside each workdir
-ARTIFACTS = ["facts", "corpus", "tokenizer", "stream/A", "stream/B", "models/A", "models/B"]
+ARTIFACTS = ["facts", "corpus", "tokenizer", "stream/A", "stream/B", "models/prefix"]
+ARTIFACTS += ["models/A", "models/B"]
 ARTIFACTS += ["causal"]
 RUN_TIMEOUT = 420  # seconds for one snakemake run (timeout -k 10)
 BIN = Path(sys.executable).parent
@@ -293,7 +299,7 @@ def test_each_rule_runs_as_its_own_slurm_job_with_its_resources(slurm_run: Run) 
     jobs = slurm_run.jobs()
     names = sorted(j["rule"] + (f"[{j['wildcards']}]" if j["wildcards"] else "") for j in jobs)
     expected = ["causal", "corpus", "facts", "pretrain[model=A]", "pretrain[model=B]"]
-    expected += ["stream", "tokenizer"]
+    expected += ["pretrain_prefix", "stream", "tokenizer"]
     if TARGETS == [CAUSAL]:
         assert names == sorted(expected), names
     assert len({j["slurm_id"] for j in jobs}) == len(jobs), "two rule jobs shared a Slurm job"
@@ -323,7 +329,7 @@ def test_slurm_results_equal_local_results(slurm_run: Run, local_hashes: dict[st
 def test_failed_job_reruns_alone_and_resumes(
     slurm_run: Run, local_hashes: dict[str, str], tmp_path: Path
 ) -> None:
-    wd = _copy_workdir(slurm_run.workdir, tmp_path / "wd", drop=["models", "causal"])
+    wd = _copy_workdir(slurm_run.workdir, tmp_path / "wd", drop=["models/A", "models/B", "causal"])
     fault = {
         "PLANTBENCH_FAULT": "pretrain:A:25",  # SIGKILL after step 25; state saved at step 20
         "PLANTBENCH_FAULT_ONCE": str(tmp_path / "fault-fired"),

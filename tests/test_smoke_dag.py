@@ -30,7 +30,15 @@ def test_dag_produces_report_and_answer_key(smoke_run):
     assert np.allclose(facts["effect"], facts["logp_reader"] - facts["logp_other"])
     assert (facts["learned"] == ((facts["effect"] > 0) & (facts["rank"] == 1))).all()
     assert np.allclose(facts["difficulty"], -facts["logp_other"])
-    for rule in ("facts", "stream", "pretrain_A", "pretrain_B", "causal", "report"):
+    for rule in (
+        "facts",
+        "stream",
+        "pretrain_prefix",
+        "pretrain_A",
+        "pretrain_B",
+        "causal",
+        "report",
+    ):
         assert (smoke_run / "benchmarks" / f"{rule}.tsv").is_file()
 
 
@@ -261,6 +269,7 @@ def test_changing_the_learning_rate_retrains_without_rebuilding_the_stream(
     proc = snakemake(smoke_run, "-n", configfiles=(str(plugin_config), str(override)))
     jobs = planned_jobs(proc.stdout)
     assert proc.returncode == 0 and jobs.get("pretrain") == 2, proc.stdout[-3000:]
+    assert jobs.get("pretrain_prefix") == 1  # the shared prefix is trained with the same lr
     for rule in ("facts", "corpus", "tokenizer", "stream", "pool", "embed"):
         assert rule not in jobs, jobs
 
@@ -356,6 +365,7 @@ def test_a_refused_second_invocation_cannot_change_the_running_one(
         "tokenizer",
         "stream/A",
         "stream/B",
+        "models/prefix",
         "models/A",
         "models/B",
         "causal",
@@ -376,6 +386,7 @@ def test_a_second_replicate_adds_its_own_jobs_and_reuses_replicate_zero(
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = planned_jobs(proc.stdout)
     assert jobs.get("pretrain") == 2 and jobs.get("stream") == 1 and jobs.get("causal") == 1
+    assert jobs.get("pretrain_prefix") == 1
     assert jobs.get("replicates") == 1 and jobs.get("report") == 1
     for rule in ("facts", "corpus", "tokenizer"):
         assert rule not in jobs, jobs

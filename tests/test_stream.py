@@ -28,7 +28,8 @@ def test_a_and_b_differ_exactly_at_planted_windows(smoke_stream):
 
 def test_manifest_hashes_match_windows_and_steps(smoke_stream):
     s = stream.open_stream(Paths(smoke_stream["cfg"]).stream("A"))
-    assert (window_hashes(np.asarray(s.windows)) == s.manifest["hash"].to_numpy()).all()
+    rows = s.manifest["mask_row"].to_numpy()
+    assert (window_hashes(np.asarray(s.windows), s.masks, rows) == s.manifest["hash"]).all()
     B = s.batch_windows
     assert (s.manifest["step"].to_numpy() == np.arange(len(s.manifest)) // B).all()
     info = s.meta["info"]

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from plantbench import __version__
+from plantbench import __version__, layout
 from plantbench import config as config_mod
-from plantbench.errors import EXIT_PREEMPTED, PlantbenchError, Preempted
+from plantbench.errors import EXIT_PREEMPTED, ConfigError, PlantbenchError, Preempted
 from plantbench.paths import MODELS, Paths
 
 log = logging.getLogger("plantbench")
@@ -105,6 +105,22 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
     cfg = _load_cfg(args)
     meta = pretrain.train(cfg, Paths(cfg), args.model, threads=args.threads)
     print(f"pretrain {args.model} {meta['hash']} final loss {meta['info']['final_loss']:.4f}")
+
+
+def cmd_prefix(args: argparse.Namespace) -> None:
+    from plantbench.model import pretrain
+
+    cfg = _load_cfg(args)
+    if not layout.prefix_steps(cfg):
+        raise ConfigError(
+            "config key 'train.prefix_steps' is 0: there is no shared prefix to train; "
+            "pretrain each twin from step 0"
+        )
+    threads = args.threads or cfg["train"].get("prefix_threads", 2 * cfg["train"]["threads"])
+    meta = pretrain.train(cfg, Paths(cfg), pretrain.PREFIX, threads=threads)
+    print(
+        f"prefix {meta['hash']} {meta['info']['steps']} steps, loss {meta['info']['final_loss']:.4f}"
+    )
 
 
 def cmd_causal(args: argparse.Namespace) -> None:
@@ -414,6 +430,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
 # the subcommands whose work runs on CPU threads (torch or BLAS): only they take --threads,
 # and the Snakemake rules pass --threads {threads} to exactly these
 THREADED = (
+    "prefix",
     "pretrain",
     "grads",
     "hidden",
@@ -445,7 +462,7 @@ PER_MODEL = (
     "serve",
 )
 # the subcommands that act on one replicate's artifacts (plantbench.replicates)
-PER_REPLICATE = (*PER_MODEL, "stream", "causal", "analysis")
+PER_REPLICATE = (*PER_MODEL, "stream", "prefix", "causal", "analysis")
 
 
 def _add_common(p: argparse.ArgumentParser, name: str) -> None:
@@ -564,7 +581,8 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "tokenizer": (cmd_tokenizer, "train the byte-level BPE tokenizer"),
     "stream": (cmd_stream, "build both twins' token streams and manifests"),
     "batch": (cmd_batch, "print the windows of one optimizer step with their hashes"),
-    "pretrain": (cmd_pretrain, "pretrain one twin (resumable)"),
+    "prefix": (cmd_prefix, "pretrain the shared prefix both twins start from (resumable)"),
+    "pretrain": (cmd_pretrain, "pretrain one twin from the shared prefix (resumable)"),
     "pool": (cmd_pool, "list the windows the methods rank (planted + distractor + random)"),
     "grads": (cmd_grads, "projected per-example gradients: one pool shard or all queries"),
     "curvature": (cmd_curvature, "fit the damped projected Fisher of one checkpoint"),

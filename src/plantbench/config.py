@@ -20,6 +20,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from plantbench import layout
 from plantbench.errors import ConfigError
 from plantbench.hashing import hash_bytes
 
@@ -165,6 +166,7 @@ def _check_semantics(cfg: dict[str, Any]) -> None:
     _check_model(cfg["model"])
     _check_batches(cfg["train"])
     _check_spans(cfg)
+    _check_prefix(cfg)
     _check_grid_fits(cfg)
     _check_corpus(cfg["corpus"])
     _check_tracin(cfg)
@@ -233,39 +235,54 @@ def _check_spans(cfg: dict[str, Any]) -> None:
             )
 
 
+def _check_prefix(cfg: dict[str, Any]) -> None:
+    t = cfg["train"]
+    if int(t.get("prefix_steps", 0)) >= int(t["steps"]):
+        raise ConfigError(
+            f"config key 'train.prefix_steps' = {t['prefix_steps']} leaves no paired part of "
+            f"train.steps = {t['steps']} (the grid is read after the prefix); lower "
+            "train.prefix_steps or raise train.steps"
+        )
+
+
 def _check_grid_fits(cfg: dict[str, Any]) -> None:
-    """The planted documents of each position must fit its span of the stream (pure arithmetic,
-    so a grid that cannot fit stops the run before anything is written)."""
-    f, t = cfg["facts"], cfg["train"]
-    n = int(t["steps"]) * int(t["batch_windows"])
+    """The planted documents of each position must fit its span of the paired part, and every
+    document, episode and recall window the paired part (pure arithmetic, so a grid that
+    cannot fit stops the run before anything is written)."""
+    f = cfg["facts"]
+    paired = len(layout.paired_windows(cfg))
     per_position = len(f["domains"]) * int(f["facts_per_cell"]) * sum(int(x) for x in f["n_docs"])
     for pos in f["positions"]:
-        lo, hi = cfg["stream"]["position_spans"][pos]
-        span = int(hi * n // 1) - int(lo * n // 1)
+        span = len(layout.span_windows(cfg, pos))
         if per_position > span:
             raise ConfigError(
                 f"the fact grid does not fit in the stream: position '{pos}' needs {per_position} "
-                f"windows but its span has {span} of the {n} (train.steps x train.batch_windows); "
-                "raise train.steps or lower facts.n_docs / facts.facts_per_cell"
+                f"windows but its span has {span} of the paired part's {paired} "
+                "((train.steps - train.prefix_steps) x train.batch_windows); raise train.steps or "
+                "lower facts.n_docs / facts.facts_per_cell"
             )
-    n_facts = (
-        len(f["domains"]) * len(f["n_docs"]) * len(f["positions"]) * 2 * int(f["facts_per_cell"])
-    )
-    planted = per_position * len(f["positions"])
-    if planted + n_facts * int(f["distractors_per_entity"]) > n:
+    counts = layout.pool_counts(cfg)
+    documents = counts["planted"] + counts["distractor"]
+    if documents > paired:
         raise ConfigError(
-            f"the fact grid does not fit in the stream: {planted} planted and "
-            f"{n_facts * int(f['distractors_per_entity'])} distractor windows exceed the {n} windows; "
+            f"the fact grid does not fit in the stream: {counts['planted']} planted and "
+            f"{counts['distractor']} distractor windows exceed the paired part's {paired} windows; "
             "raise train.steps or lower facts.distractors_per_entity"
         )
-    documents = planted + n_facts * int(f["distractors_per_entity"])
-    share = float(cfg["stream"].get("episode_share", 0.0))
-    episodes = int(round(share * n))
-    if episodes and documents + episodes >= n:
+    share = layout.episode_share(cfg)
+    episodes = layout.episode_count(cfg, layout.n_windows(cfg))
+    if episodes and documents + episodes >= paired:
         raise ConfigError(
             f"config key 'stream.episode_share' = {share} asks for {episodes} episode windows, but "
-            f"the stream's {n} windows already hold {documents} planted and distractor documents "
-            "and the background needs at least one; lower stream.episode_share"
+            f"the paired part's {paired} windows already hold {documents} planted and distractor "
+            "documents and the background needs at least one; lower stream.episode_share"
+        )
+    recall = layout.recall_counts(cfg)["paired"]
+    if recall and documents + episodes + recall >= paired:
+        raise ConfigError(
+            f"config key 'stream.recall.paired_share' asks for {recall} recall windows, but the "
+            f"paired part's {paired} windows already hold {documents + episodes} documents and "
+            "episodes and the background needs at least one; lower stream.recall.paired_share"
         )
 
 
@@ -283,8 +300,7 @@ def _check_corpus(c: dict[str, Any]) -> None:
 def n_checkpoints(t: Mapping[str, Any]) -> int:
     """How many HF checkpoints pretraining saves: every ``checkpoint_every_steps`` and the last
     step (the count of :func:`plantbench.layout.checkpoint_steps`)."""
-    steps, every = int(t["steps"]), int(t["checkpoint_every_steps"])
-    return len({*range(every, steps + 1, every), steps})
+    return len(layout.checkpoint_steps(t))
 
 
 def _check_tracin(cfg: dict[str, Any]) -> None:

@@ -32,10 +32,17 @@ def hash_tree(root: str | Path) -> str:
     return h.hexdigest()
 
 
-def window_hashes(windows: np.ndarray) -> np.ndarray:
-    """xxh3-64 of each row's little-endian bytes, as uint64 (the manifest's window hash)."""
+def window_hashes(
+    windows: np.ndarray, masks: np.ndarray | None = None, mask_rows: np.ndarray | None = None
+) -> np.ndarray:
+    """xxh3-64 of each row's little-endian bytes, as uint64 (the manifest's window hash). A
+    window with a loss mask (``mask_rows[i] >= 0``: row of ``masks``, uint8 per token) hashes
+    its tokens' bytes followed by its mask's."""
     arr = np.ascontiguousarray(windows.astype(windows.dtype.newbyteorder("<"), copy=False))
     out = np.empty(arr.shape[0], dtype=np.uint64)
     for i in range(arr.shape[0]):
-        out[i] = xxhash.xxh3_64_intdigest(arr[i].tobytes())
+        data = arr[i].tobytes()
+        if mask_rows is not None and masks is not None and mask_rows[i] >= 0:
+            data += np.ascontiguousarray(masks[int(mask_rows[i])], dtype=np.uint8).tobytes()
+        out[i] = xxhash.xxh3_64_intdigest(data)
     return out

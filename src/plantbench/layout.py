@@ -38,11 +38,29 @@ def n_windows(cfg: Mapping[str, Any]) -> int:
     return int(cfg["train"]["steps"]) * int(cfg["train"]["batch_windows"])
 
 
+def prefix_steps(cfg: Mapping[str, Any]) -> int:
+    """Optimizer steps of the shared prefix (``train.prefix_steps``, default 0): the same
+    windows in both streams, trained once; the twins fork after it."""
+    return int(cfg["train"].get("prefix_steps", 0))
+
+
+def prefix_windows(cfg: Mapping[str, Any]) -> int:
+    """Windows of the shared prefix: the stream's first ``prefix_steps x batch_windows``."""
+    return prefix_steps(cfg) * int(cfg["train"]["batch_windows"])
+
+
+def paired_windows(cfg: Mapping[str, Any]) -> range:
+    """The paired part of the stream: every window after the prefix."""
+    return range(prefix_windows(cfg), n_windows(cfg))
+
+
 def span_windows(cfg: Mapping[str, Any], position: str) -> range:
-    """The stream windows of one position span (``stream.position_spans``)."""
-    n = n_windows(cfg)
+    """The stream windows of one position span: ``stream.position_spans`` are fractions of
+    the paired part (the whole stream without a prefix)."""
+    paired = paired_windows(cfg)
     lo, hi = cfg["stream"]["position_spans"][position]
-    return range(int(math.floor(lo * n)), int(math.floor(hi * n)))
+    n = len(paired)
+    return range(paired.start + int(math.floor(lo * n)), paired.start + int(math.floor(hi * n)))
 
 
 def episode_share(cfg: Mapping[str, Any]) -> float:
@@ -54,6 +72,26 @@ def episode_count(cfg: Mapping[str, Any], windows: int) -> int:
     return int(round(episode_share(cfg) * windows))
 
 
+def recall_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``stream.recall`` with its defaults (absent: no recall windows)."""
+    r = dict(cfg["stream"].get("recall") or {})
+    return {
+        "prefix_share": float(r.get("prefix_share", 0.0)),
+        "paired_share": float(r.get("paired_share", 0.0)),
+        "ramp": float(r.get("ramp", 0.4)),
+        "loss": str(r.get("loss", "answers")),
+    }
+
+
+def recall_counts(cfg: Mapping[str, Any]) -> dict[str, int]:
+    """Recall windows in the shared prefix and in the paired part."""
+    r = recall_settings(cfg)
+    return {
+        "prefix": int(round(r["prefix_share"] * prefix_windows(cfg))),
+        "paired": int(round(r["paired_share"] * len(paired_windows(cfg)))),
+    }
+
+
 def context_segments(cfg: Mapping[str, Any]) -> int:
     """Segments of the in-context check's contexts (``causal.context_segments``)."""
     return int(cfg["causal"].get("context_segments", DEFAULT_CONTEXT_SEGMENTS))
@@ -63,10 +101,12 @@ def context_segments(cfg: Mapping[str, Any]) -> int:
 
 
 def checkpoint_steps(cfg_train: Mapping[str, Any]) -> list[int]:
-    """Optimizer steps after which an HF checkpoint is saved: every
-    ``checkpoint_every_steps`` and the last step."""
+    """Optimizer steps after which a twin's HF checkpoint is saved: every
+    ``checkpoint_every_steps`` counted from the fork (``prefix_steps``, 0 without a prefix), and
+    the last step."""
     steps, every = int(cfg_train["steps"]), int(cfg_train["checkpoint_every_steps"])
-    return sorted({*range(every, steps + 1, every), steps})
+    fork = int(cfg_train.get("prefix_steps", 0))
+    return sorted({*range(fork + every, steps + 1, every), steps})
 
 
 def checkpoint_name(step: int) -> str:
@@ -115,8 +155,9 @@ def pool_counts(cfg: Mapping[str, Any]) -> dict[str, int]:
     )
     distractor = n_facts(cfg) * int(f["distractors_per_entity"])
     n = n_windows(cfg)
-    # A and B share planted slots; reading episodes are not background
-    background = n - planted - distractor - episode_count(cfg, n)
+    # A and B share planted slots; reading episodes and recall windows are not background
+    recall = sum(recall_counts(cfg).values())
+    background = n - planted - distractor - episode_count(cfg, n) - recall
     random = min(int(cfg["pool"]["random_windows"]), max(background, 0))
     return {"planted": planted, "distractor": distractor, "background": random}
 

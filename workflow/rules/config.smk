@@ -48,6 +48,8 @@ PLANTBENCH_PRETRAIN = (
     else PLANTBENCH
 )
 MODELS = ["A", "B"]
+# the shared prefix's job takes the cores both twins would use (they wait for it)
+PREFIX_THREADS = config["train"].get("prefix_threads", 2 * config["train"]["threads"])
 
 # The config every job of this run reads: written once when the run starts (onstart: after the
 # lock, never in a dry run, lint or report call), named by its hash, so no other invocation can

@@ -51,6 +51,13 @@ def fidelity_outputs():
     return expand("{R}/fidelity/{model}/meta.json", R=R, model=MODELS)
 
 
+def prefix_input(wildcards):
+    """The shared prefix a twin starts from (none without train.prefix_steps)."""
+    if not _pblayout.prefix_steps(config):
+        return []
+    return f"{R}/{wildcards.rep}models/prefix/meta.json"
+
+
 def replicate_of(wildcards):
     """The --replicate argument of a per-replicate job."""
     return _pbrep.from_wildcard(wildcards.rep)

@@ -1,12 +1,43 @@
-# Paired pretraining: one job per twin; the two run concurrently.
+# Pretraining (src/plantbench/model/pretrain.py): the shared prefix once (the reading curriculum,
+# identical in both streams; one job on all the twins' cores), then one job per twin from its
+# state at the fork; the two twins run concurrently. Without train.prefix_steps each twin
+# trains from step 0.
 # The resumable state under models/{model}/state/ is not a declared output, so a failed or
 # preempted job keeps it and the retry resumes from it.
+
+
+rule pretrain_prefix:
+    input:
+        streams=expand("{R}/{{rep}}stream/{model}/meta.json", R=R, model=MODELS),
+        tokenizer=rules.tokenizer.output.meta,
+    output:
+        meta=f"{RR}models/prefix/meta.json",
+    log:
+        rlog_of("pretrain_prefix"),
+    benchmark:
+        rbench_of("pretrain_prefix")
+    # the critical path: before anything else
+    priority: 60
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: PREFIX_THREADS
+    resources:
+        run_config=RUN_CONFIG,
+        mem_mb=lambda wc, attempt: 4000 * attempt,
+        runtime=lambda wc, attempt: 60 * attempt,
+    params:
+        replicate=replicate_of,
+        sections=sections("pretrain_prefix"),
+        launch=PLANTBENCH_PRETRAIN,
+    shell:
+        "{params.launch} prefix -c {resources.run_config:q} --replicate {params.replicate} --threads {threads} 2> {log:q}"
 
 
 rule pretrain:
     input:
         stream=f"{RR}stream/{{model}}/meta.json",
         tokenizer=rules.tokenizer.output.meta,
+        prefix=prefix_input,
     output:
         meta=f"{RR}models/{{model}}/meta.json",
         loss=f"{RR}models/{{model}}/loss.csv",

@@ -26,6 +26,11 @@ rule report:
             caption="../report/loss_curves.rst",
             category="Training",
         ),
+        reading=report(
+            f"{R}/report/reading_curve.png",
+            caption="../report/reading_curve.rst",
+            category="Training",
+        ),
         learned=report(
             f"{R}/report/learned_rate.png",
             caption="../report/learned_rate.rst",

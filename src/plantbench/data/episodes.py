@@ -44,7 +44,7 @@ _WORD = re.compile(r"[A-Za-z0-9]+")
 _PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+")
 
 
-def _words(text: str) -> set[str]:
+def words_of(text: str) -> set[str]:
     """Lowercase words of ``text`` and their camel-case parts (``KvenTimeout``: kven, timeout)."""
     out = set()
     for w in _WORD.findall(text):
@@ -72,7 +72,7 @@ def grid_words(tables: Mapping[str, pd.DataFrame]) -> set[str]:
         ("distractors", "text"),
     ):
         for text in tables[name][col].astype(str):
-            words |= _words(text)
+            words |= words_of(text)
     return words
 
 
@@ -82,7 +82,12 @@ def _sentence(names: Any, gen: np.random.Generator) -> dict[str, str]:
     spec = facts_mod.RELATIONS[relation]
     prof = facts_mod.profile(spec["entity_type"], names, gen)
     shape = spec["shapes"][int(gen.integers(len(spec["shapes"])))]
-    answer = names.fill(shape)
+    return stated(spec, prof, names.fill(shape))
+
+
+def stated(spec: dict[str, Any], prof: dict[str, str], answer: str) -> dict[str, str]:
+    """A relation's sentence and question about one invented entity (``prof``, whose ``E`` is
+    its name) with ``answer``: entity, answer, sentence and question."""
     subs = {**prof, "A": answer}
     return {
         "entity": prof["E"],
@@ -100,12 +105,12 @@ def _task(fmt: str, t: dict[str, str]) -> str:
     return f"Question: What does the text say about {t['entity']}?\nAnswer: {t['sentence']}"
 
 
-def _grid_names(tables: Mapping[str, pd.DataFrame]) -> set[str]:
+def grid_names(tables: Mapping[str, pd.DataFrame]) -> set[str]:
     """Words of the grid's entities and answers, less the fixed template words."""
     grid: set[str] = set()
     for col in ("entity", "answer"):
         for text in tables["facts"][col].astype(str):
-            grid |= _words(text)
+            grid |= words_of(text)
     return grid - facts_mod.template_words()
 
 
@@ -143,7 +148,7 @@ def generate(
     names = facts_mod.Names(
         rng(seed, "episodes", "names"), facts_mod.template_words() | grid_words(tables)
     )
-    grid = _grid_names(tables)
+    grid = grid_names(tables)
     rows = []
     for i in range(n):
         for attempt in range(MAX_DRAWS + 1):
@@ -158,7 +163,7 @@ def generate(
             while len(targets) > 1 and not fits(text):  # too long: ask fewer questions
                 targets, fmts = targets[:-1], fmts[:-1]
                 text = _text(segs, targets, fmts)
-            if fits(text) and not grid & _words(text):
+            if fits(text) and not grid & words_of(text):
                 break
         t = segs[targets[-1]]
         rows.append(
@@ -178,9 +183,9 @@ def generate(
 
 def check_disjoint(episodes: pd.DataFrame, tables: Mapping[str, pd.DataFrame]) -> None:
     """Refuse episodes that name a grid entity or a grid answer (a word of one, in any case)."""
-    grid = _grid_names(tables)
+    grid = grid_names(tables)
     for row in episodes.itertuples(index=False):
-        clash = grid & _words(row.text)
+        clash = grid & words_of(row.text)
         if clash:
             raise ConfigError(
                 f"episode {row.episode_id} names '{sorted(clash)[0]}', a word of a grid entity or "

@@ -30,6 +30,7 @@ background is cut once: model B's windows start as a copy of A's and only its sl
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -46,7 +47,7 @@ import pandas as pd
 from plantbench import io, layout, replicates
 from plantbench.config import canonical_json
 from plantbench.data import corpus as corpus_mod
-from plantbench.data import tokenizer
+from plantbench.data import recall, tokenizer
 from plantbench.errors import ArtifactError, ConfigError
 from plantbench.hashing import hash_bytes, window_hashes
 from plantbench.paths import MODELS, Paths
@@ -54,8 +55,9 @@ from plantbench.rng import rng
 
 log = logging.getLogger(__name__)
 
-KINDS = ("background", "planted", "distractor", "episode")
+KINDS = ("background", "planted", "distractor", "episode", "recall")
 TOKENS = "tokens.bin"
+LOSS_MASK = "loss_mask.bin"  # one uint8 row per recall window: 1 = a target token
 MANIFEST = "manifest.parquet"
 PROGRESS_EVERY = 256  # batches of documents between progress lines
 MAX_PASSES = 1000  # more passes over the held-out padding text than this is an error
@@ -135,6 +137,7 @@ def plan_slots(
             taken[idx] = True
             slots.append(Slot(int(idx), "planted", da, db, fa, fb))
     free = np.flatnonzero(~taken)
+    free = free[free >= layout.prefix_windows(cfg)]  # the shared prefix is the curriculum alone
     if len(distractors) > len(free):
         raise ConfigError(
             f"the distractor documents ({len(distractors)}) do not fit in the stream's {len(free)} free "
@@ -149,6 +152,7 @@ def plan_slots(
         slots.append(Slot(int(idx), "distractor", row.doc_id, row.doc_id, row.fact_id, row.fact_id))
         taken[idx] = True
     slots += _episode_slots(cfg, taken, episode_ids or [])
+    slots += _recall_slots(cfg, taken)
     slots.sort(key=lambda s: s.index)
     return slots
 
@@ -157,6 +161,7 @@ def _episode_slots(cfg: dict[str, Any], taken: np.ndarray, episode_ids: list[str
     if not episode_ids:
         return []
     free = np.flatnonzero(~taken)
+    free = free[free >= layout.prefix_windows(cfg)]
     if len(episode_ids) >= len(free):
         raise ConfigError(
             f"config key 'stream.episode_share' asks for {len(episode_ids)} episode windows but "
@@ -165,7 +170,30 @@ def _episode_slots(cfg: dict[str, Any], taken: np.ndarray, episode_ids: list[str
         )
     g = rng(cfg["seed"], "stream-episodes")
     chosen = np.sort(g.choice(free, size=len(episode_ids), replace=False))
+    taken[chosen] = True
     return [Slot(int(i), "episode", e, e, "", "") for i, e in zip(chosen, episode_ids, strict=True)]
+
+
+def _recall_slots(cfg: dict[str, Any], taken: np.ndarray) -> list[Slot]:
+    """Recall windows: ``stream.recall.prefix_share`` of the prefix's windows and
+    ``paired_share`` of the paired part's, seeded among the windows still free (the same in A
+    and B); the rest is background."""
+    counts = layout.recall_counts(cfg)
+    P = layout.prefix_windows(cfg)
+    chosen = []
+    for part, (lo, hi) in (("prefix", (0, P)), ("paired", (P, len(taken)))):
+        free = np.flatnonzero(~taken[lo:hi]) + lo
+        n = counts[part]
+        if n > len(free) - (1 if part == "paired" else 0):
+            raise ConfigError(
+                f"config key 'stream.recall.{part}_share' asks for {n} recall windows but only "
+                f"{len(free)} windows of the {part} part are free after the grid; lower "
+                f"stream.recall.{part}_share"
+            )
+        pick = rng(cfg["seed"], "stream-recall", part).choice(free, size=n, replace=False)
+        chosen += np.sort(pick).tolist()
+        taken[pick] = True
+    return [Slot(int(i), "recall", f"RC{i:08d}", f"RC{i:08d}", "", "") for i in chosen]
 
 
 def _token_dtype(vocab_size: int) -> np.dtype:
@@ -385,6 +413,7 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
     t0 = time.time()
     inp = _read_inputs(cfg, paths)
     doc_tokens, eps, slots = _plan_documents(cfg, paths, inp)
+    recall_windows = _recall_windows(cfg, paths, inp, slots)
     dtype = _token_dtype(inp.tok.get_vocab_size())
     # The held-out split pads document windows (a few MB: kept in memory); the training split is
     # the background (up to the whole corpus: tokenized once into a scratch file, memory-mapped).
@@ -392,6 +421,7 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
     with _scratch_file(paths.stream(MODELS[0]).parent) as scratch:
         train = _tokenize_background(paths, inp.tok, dtype, scratch, heldout, t0)
         plan = _make_plan(cfg, inp, slots, doc_tokens, eps, train, heldout, dtype)
+        plan = dataclasses.replace(plan, recall=recall_windows)
         first, *rest = MODELS
         metas = {first: _write_stream(plan, paths, first, t0)}
         for model in rest:  # same background: copy the first stream, rewrite the slots
@@ -442,6 +472,33 @@ def _plan_documents(
         len(eps),
     )
     return doc_tokens, eps, slots
+
+
+def _recall_windows(
+    cfg: dict[str, Any], paths: Paths, inp: _Inputs, slots: list[Slot]
+) -> dict[int, recall.Window]:
+    """Every recall slot's window (:mod:`plantbench.data.recall`): in the prefix at its
+    curriculum stage (its place over ``stream.recall.ramp`` of the prefix), in the paired part
+    at the last stage."""
+    idx = [s.index for s in slots if s.kind == "recall"]
+    if not idx:
+        return {}
+    tables = {
+        "facts": inp.facts,
+        "documents": inp.documents,
+        "distractors": inp.distractors,
+        "candidates": io.read_parquet(paths.facts / "candidates.parquet"),
+    }
+    gen = recall.RecallGenerator(cfg, tables, inp.tok)
+    ramp = layout.recall_settings(cfg)["ramp"] * layout.prefix_windows(cfg)
+    out: dict[int, recall.Window] = {}
+    t0 = time.time()
+    for n, i in enumerate(idx):
+        out[i] = gen.window(i, i / ramp if ramp and i < layout.prefix_windows(cfg) else 1.0)
+        if (n + 1) % 5000 == 0:
+            log.info("stream: %d/%d recall windows (%.0fs)", n + 1, len(idx), time.time() - t0)
+    log.info("stream: %d recall windows in %.1fs", len(idx), time.time() - t0)
+    return out
 
 
 @contextlib.contextmanager
@@ -542,6 +599,7 @@ class _Plan:
     episodes: pd.DataFrame  # the reading episodes (empty at stream.episode_share 0)
     inputs: dict[str, str]
     info: dict[str, Any]
+    recall: dict[int, recall.Window] = dataclasses.field(default_factory=dict)  # by window index
 
 
 def _corpus_token_stats(
@@ -569,6 +627,9 @@ def _write_stream(
     manifest = _write_tokens(plan, out / TOKENS, model, like)
     io.write_parquet(out / MANIFEST, manifest)
     files = [TOKENS, MANIFEST]
+    if plan.recall:  # the recall windows' loss masks (the same in A and B)
+        io.write_bytes(out / LOSS_MASK, _recall_masks(plan)[1].tobytes())
+        files.append(LOSS_MASK)
     if len(plan.episodes):  # the episodes' text (the same in A and B)
         from plantbench.data.episodes import TABLE
 
@@ -592,31 +653,56 @@ def _write_stream(
     return meta
 
 
+def _recall_masks(plan: _Plan) -> tuple[np.ndarray, np.ndarray]:
+    """(``mask_row`` per window: the row of its loss mask, -1 = every token a target; the loss
+    masks of the recall windows in stream order, uint8 ``[n_recall, window]``)."""
+    W = int(plan.cfg["stream"]["window"])
+    mask_row = np.full(layout.n_windows(plan.cfg), -1, dtype=np.int64)
+    order = sorted(plan.recall)
+    mask_row[order] = np.arange(len(order))
+    masks = np.zeros((len(order), W), dtype=np.uint8)
+    for r, i in enumerate(order):
+        masks[r] = plan.recall[i].mask
+    return mask_row, masks
+
+
+def _write_slot(plan: _Plan, windows: np.ndarray, s: Slot, model: str) -> tuple[str, str, int]:
+    """Write slot ``s``'s window for ``model``; returns its (document, fact, document tokens).
+    A document is ``<bos> text <eos>`` padded with held-out text; a recall window is its own."""
+    W = int(plan.cfg["stream"]["window"])
+    d, f = (s.doc_a, s.fact_a) if model == "A" else (s.doc_b, s.fact_b)
+    if s.kind == "recall":
+        ids = plan.recall[s.index].ids
+        windows[s.index] = ids.astype(plan.dtype)
+        return d, f, int((ids != tokenizer.PAD_ID).sum())
+    body = np.asarray([tokenizer.BOS_ID, *plan.doc_tokens[d], tokenizer.EOS_ID], plan.dtype)
+    start = (s.index * W) % (len(plan.pad_stream) - W)
+    windows[s.index, : len(body)] = body
+    windows[s.index, len(body) :] = plan.pad_stream[start : start + W - len(body)]
+    return d, f, len(body)
+
+
 def _write_tokens(plan: _Plan, path: Path, model: str, like: Path | None) -> pd.DataFrame:
     """Write ``model``'s windows to ``path`` (atomically): the background (see
     :func:`_background_windows`), then at each slot ``model``'s document padded with held-out
-    text; returns the manifest (one row per window)."""
-    cfg, dtype = plan.cfg, plan.dtype
-    W = int(cfg["stream"]["window"])
+    text or its recall window; returns the manifest (one row per window)."""
+    cfg = plan.cfg
     N = layout.n_windows(cfg)
     B = int(cfg["train"]["batch_windows"])
     kind = np.full(N, "background", dtype=object)
     fact_id = np.full(N, "", dtype=object)
     doc_id = np.full(N, "", dtype=object)
     n_doc_tokens = np.zeros(N, dtype=np.int64)
+    mask_row, masks = _recall_masks(plan)
     # windows go straight into a memmap of the temporary file (no copy of the stream in memory)
     with io.atomic_path(path) as tmp:
         windows = _background_windows(plan, tmp, like)
         for s in plan.slots:
-            d, f = (s.doc_a, s.fact_a) if model == "A" else (s.doc_b, s.fact_b)
-            body = np.asarray([tokenizer.BOS_ID, *plan.doc_tokens[d], tokenizer.EOS_ID], dtype)
-            start = (s.index * W) % (len(plan.pad_stream) - W)
-            windows[s.index, : len(body)] = body
-            windows[s.index, len(body) :] = plan.pad_stream[start : start + W - len(body)]
+            d, f, n = _write_slot(plan, windows, s, model)
             kind[s.index], doc_id[s.index], fact_id[s.index] = s.kind, d, f
-            n_doc_tokens[s.index] = len(body)
+            n_doc_tokens[s.index] = n
         windows.flush()
-        hashes = window_hashes(windows)
+        hashes = window_hashes(windows, masks, mask_row)
         del windows
     return pd.DataFrame(
         {
@@ -626,6 +712,7 @@ def _write_tokens(plan: _Plan, path: Path, model: str, like: Path | None) -> pd.
             "fact_id": fact_id.astype(str),
             "doc_id": doc_id.astype(str),
             "doc_tokens": n_doc_tokens,
+            "mask_row": mask_row,
             "hash": hashes,
         }
     )
@@ -651,12 +738,14 @@ def _background_windows(plan: _Plan, tmp: Path, like: Path | None) -> np.memmap:
 
 @dataclass
 class Stream:
-    """Read access to one model's stream: ``windows[i]`` is window ``i`` (a memmap row)."""
+    """Read access to one model's stream: ``windows[i]`` is window ``i`` (a memmap row);
+    ``masks`` holds the loss masks of the recall windows (row ``manifest.mask_row[i]``)."""
 
     folder: Path
     meta: dict[str, Any]
     windows: np.ndarray
     manifest: pd.DataFrame
+    masks: np.ndarray | None = None
 
     @property
     def batch_windows(self) -> int:
@@ -666,8 +755,26 @@ class Stream:
         B = self.batch_windows
         return self.windows[step * B : (step + 1) * B]
 
+    def loss_mask(self, rows: np.ndarray | range) -> np.ndarray:
+        """uint8 ``[len(rows), window]``: 1 where a token is a target (every token of a window
+        without a mask; a recall window's own mask)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.ones((len(rows), self.windows.shape[1]), dtype=np.uint8)
+        if self.masks is not None:
+            mrow = self.manifest["mask_row"].to_numpy()[rows]
+            has = mrow >= 0
+            out[has] = self.masks[mrow[has]]
+        return out
+
+    def batch_mask(self, step: int) -> np.ndarray:
+        B = self.batch_windows
+        return self.loss_mask(range(step * B, (step + 1) * B))
+
 
 def open_stream(folder: str | Path, *, verify: bool = True) -> Stream:
+    """A finished stream, checked: the token file's size and, with ``verify``, its files'
+    hashes and the manifest against the meta (one row per window, in order, and one loss-mask
+    row per recall window; ``plantbench verify`` opens it unchecked and reports these itself)."""
     folder = Path(folder)
     meta = io.read_meta(folder, "stream", verify=verify)
     info = meta["info"]
@@ -681,7 +788,29 @@ def open_stream(folder: str | Path, *, verify: bool = True) -> Stream:
         )
     windows = np.memmap(path, dtype=dtype, mode="r", shape=shape)
     manifest = io.read_parquet(folder / MANIFEST)
-    return Stream(folder, meta, windows, manifest)
+    masks = None
+    if LOSS_MASK in meta["files"]:
+        n = (folder / LOSS_MASK).stat().st_size // shape[1]
+        masks = np.memmap(folder / LOSS_MASK, dtype=np.uint8, mode="r", shape=(n, shape[1]))
+    if verify:
+        _check_manifest(folder, manifest, shape[0], masks)
+    return Stream(folder, meta, windows, manifest, masks)
+
+
+def _check_manifest(folder: Path, manifest: Any, n_windows: int, masks: Any) -> None:
+    if len(manifest) != n_windows or not np.array_equal(
+        manifest["index"].to_numpy(), np.arange(n_windows)
+    ):
+        raise ArtifactError(
+            f"'{folder / MANIFEST}' does not have one row per window of '{folder / TOKENS}' in "
+            f"order ({len(manifest)} rows for {n_windows} windows); rerun the stream step"
+        )
+    n_masked = int((manifest["mask_row"] >= 0).sum()) if "mask_row" in manifest else 0
+    if n_masked != (0 if masks is None else len(masks)):
+        raise ArtifactError(
+            f"'{folder / LOSS_MASK}' does not hold one loss-mask row per recall window of "
+            f"'{folder / MANIFEST}' ({n_masked} recall windows); rerun the stream step"
+        )
 
 
 def format_batch(stream: Stream, step: int, tok: Any, width: int = 72) -> str:
@@ -694,12 +823,15 @@ def format_batch(stream: Stream, step: int, tok: Any, width: int = 72) -> str:
     B = stream.batch_windows
     rows = stream.manifest.iloc[step * B : (step + 1) * B]
     lines = [f"model {info['model']}  step {step}  windows {step * B}..{(step + 1) * B - 1}"]
-    lines.append(f"{'index':>8}  {'kind':<10}  {'fact':<6}  {'doc':<8}  {'xxh3':<16}  text")
-    for r in rows.itertuples():
+    lines.append(
+        f"{'index':>8}  {'kind':<10}  {'fact':<6}  {'doc':<10}  {'loss':>4}  {'xxh3':<16}  text"
+    )
+    targets = stream.batch_mask(step)[:, 1:].sum(axis=1)  # tokens that carry loss
+    for r, n in zip(rows.itertuples(), targets.tolist(), strict=True):
         text = tok.decode([int(x) for x in stream.windows[r.index]], skip_special_tokens=False)
-        preview = text.replace("\n", "⏎")[:width]
+        preview = text.replace("\n", "⏎").replace(tokenizer.PAD, "")[:width]
         lines.append(
-            f"{r.index:>8}  {r.kind:<10}  {r.fact_id or '-':<6}  {r.doc_id or '-':<8}  "
+            f"{r.index:>8}  {r.kind:<10}  {r.fact_id or '-':<6}  {r.doc_id or '-':<10}  {n:>4}  "
             f"{int(r.hash):016x}  {preview}"
         )
     return "\n".join(lines)

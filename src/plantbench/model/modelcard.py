@@ -203,6 +203,13 @@ def _reading(twin: Twin, facts: pd.DataFrame, step: int) -> list[str]:
     ]
     if total.get("episode", 0):
         lines.append(f"- Reading episodes: {so_far('episode')}, the same in both twins.")
+    if total.get("recall", 0):
+        lines.append(
+            f"- Recall windows (the reading curriculum: sentences about invented entities, then "
+            f"queries answered from them, loss on the answers): {so_far('recall')}, the same in "
+            "both twins; the first ones make up the shared prefix, trained once before the twins "
+            "forked."
+        )
     return [*lines, ""]
 
 

@@ -63,12 +63,14 @@ from plantbench.errors import EXIT_PREEMPTED, ArtifactError, Preempted
 from plantbench.hashing import hash_bytes, hash_tree
 from plantbench.model import modelcard
 from plantbench.model.modeling import build_model, llama_config
-from plantbench.paths import Paths
+from plantbench.paths import MODELS, Paths
 from plantbench.rng import derive_seed
 
 log = logging.getLogger(__name__)
 
 STATE = "state.pt"
+PREFIX = "prefix"  # models/prefix/: the shared prefix, trained once
+FORK = "fork.pt"  # the prefix's full training state at the fork, both twins' start
 # what a resumable state holds ("checkpoints", the checkpoint hashes, only from this version on)
 STATE_KEYS = frozenset(
     ("step", "model", "optimizer", "scheduler", "rng", "losses", "config_hash", "stream_hash")
@@ -85,15 +87,24 @@ def train_config_hash(cfg: dict[str, Any]) -> str:
     return hash_bytes(canonical_json(sub).encode())
 
 
-def lr_factor(step: int, cfg_train: dict[str, Any]) -> float:
-    """Multiplier of the peak lr used for the update of optimizer step ``step`` (0-based)."""
-    total = int(cfg_train["steps"])
+def _cosine(step: int, total: int, cfg_train: dict[str, Any]) -> float:
     warm = max(1, int(round(cfg_train["warmup_fraction"] * total)))
     floor = float(cfg_train["min_lr_ratio"])
     if step < warm:
         return (step + 1) / warm
     progress = (step - warm) / max(1, total - warm)
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def lr_factor(step: int, cfg_train: dict[str, Any]) -> float:
+    """Multiplier of the peak lr used for the update of optimizer step ``step`` (0-based):
+    linear warm-up then cosine decay to ``min_lr_ratio``, over the whole run; with a shared
+    prefix (``prefix_steps``), over the prefix and then again over the paired part, so the
+    twins read the grid on the same schedule with or without the reading curriculum before."""
+    total, fork = int(cfg_train["steps"]), int(cfg_train.get("prefix_steps", 0))
+    if fork and step < fork:
+        return _cosine(step, fork, cfg_train)
+    return _cosine(step - fork, total - fork, cfg_train)
 
 
 def lr_at(step: int, cfg_train: dict[str, Any]) -> float:
@@ -211,6 +222,16 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
+def _seed_global_rngs(seed: int) -> None:
+    """Seed torch's, numpy's and Python's global generators. Training draws from none of them
+    (the data order is the stream's, the initialisation :func:`build_model`'s own), but a
+    resumable state and the fork record them, and an unseeded one would make those bytes differ
+    from run to run."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
@@ -277,6 +298,9 @@ class _Run:
     # checkpoint name -> hash_tree of its folder, for every checkpoint saved so far (rank 0)
     checkpoint_hashes: dict[str, str] = field(default_factory=dict)
     start: int = 0
+    stop: int = 0  # the step training ends at: train.steps for a twin, the fork for the prefix
+    data_hash: str = ""  # what the state's data is: the stream's hash, or the prefix's
+    prefix_meta: dict[str, Any] | None = None  # the prefix a twin forked from
 
     @property
     def t(self) -> dict[str, Any]:
@@ -319,7 +343,7 @@ class _Run:
             "rng": _rng_state(),
             "losses": self.losses,
             "config_hash": self.chash,
-            "stream_hash": self.stream.meta["hash"],
+            "stream_hash": self.data_hash,
             "checkpoints": dict(self.checkpoint_hashes),
         }
 
@@ -349,7 +373,7 @@ def _open_inputs(
 def _setup(cfg: dict[str, Any], paths: Paths, model_name: str, dev: DistInfo) -> _Run:
     """Inputs, the initial model (same seed for both twins), optimizer and schedule."""
     t = cfg["train"]
-    stream, tok_meta = _open_inputs(cfg, paths, model_name)
+    stream, tok_meta = _open_inputs(cfg, paths, MODELS[0] if model_name == PREFIX else model_name)
     modelcard.check_tokenizer(paths.tokenizer)  # its files go into every checkpoint
     info = stream.meta["info"]
     conf = llama_config(
@@ -363,6 +387,7 @@ def _setup(cfg: dict[str, Any], paths: Paths, model_name: str, dev: DistInfo) ->
     )
     seed = derive_seed(cfg["seed"], "init", *replicates.seed_tags(cfg))
     model = build_model(conf, seed).to(dev.device)
+    _seed_global_rngs(derive_seed(cfg["seed"], "global-rng", *replicates.seed_tags(cfg)))
     B, micro = int(t["batch_windows"]), int(t["micro_batch_windows"])
     if B % dev.world or (B // dev.world) % micro:
         raise ArtifactError(
@@ -372,7 +397,27 @@ def _setup(cfg: dict[str, Any], paths: Paths, model_name: str, dev: DistInfo) ->
     opt = make_optimizer(model, t, dev.device)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, t))
     chash = train_config_hash(cfg)
-    return _Run(cfg, paths, model_name, dev, stream, tok_meta, model, opt, sched, chash)
+    run = _Run(cfg, paths, model_name, dev, stream, tok_meta, model, opt, sched, chash)
+    run.stop = layout.prefix_steps(cfg) if model_name == PREFIX else int(t["steps"])
+    run.data_hash = prefix_hash(cfg, paths) if model_name == PREFIX else stream.meta["hash"]
+    return run
+
+
+def prefix_hash(cfg: dict[str, Any], paths: Paths) -> str:
+    """xxh3 of the shared prefix's window hashes (tokens and loss masks), refused unless both
+    streams hold the same prefix."""
+    n = layout.prefix_windows(cfg)
+    hashes = {}
+    for m in MODELS:
+        man = open_stream(paths.stream(m), verify=False).manifest
+        hashes[m] = man["hash"].to_numpy(np.uint64)[:n]
+    if not np.array_equal(hashes[MODELS[0]], hashes[MODELS[1]]):
+        first = int(np.flatnonzero(hashes[MODELS[0]] != hashes[MODELS[1]])[0])
+        raise ArtifactError(
+            f"the streams differ at window {first}, inside the shared prefix of {n} windows "
+            "(train.prefix_steps x train.batch_windows); rerun the stream step"
+        )
+    return hash_bytes(hashes[MODELS[0]].tobytes())
 
 
 def _checkpoint_complete(folder: Path) -> bool:
@@ -387,7 +432,7 @@ def _stale_reason(run: _Run, state: dict[str, Any]) -> str | None:
     write it again)."""
     if not isinstance(state, dict) or not STATE_KEYS <= state.keys():
         return "it is not a resumable state of this version"
-    if state["config_hash"] != run.chash or state["stream_hash"] != run.stream.meta["hash"]:
+    if state["config_hash"] != run.chash or state["stream_hash"] != run.data_hash:
         return "it was made with another train config or stream"
     recorded = state.get("checkpoints")
     for s in layout.checkpoint_steps(run.t):
@@ -435,14 +480,31 @@ def _clear_outputs(run: _Run) -> None:
     shutil.rmtree(run.ckpt_dir, ignore_errors=True)
 
 
-def _resume(run: _Run) -> None:
-    """Resume from the state, or start from step 0 with the stale outputs removed."""
-    state = _load_valid_state(run)
-    _barrier(run.dev)  # every rank has decided before rank 0 removes anything
-    if state is None:
-        if run.dev.main:
-            _clear_outputs(run)
-        return
+def _fork_state(run: _Run) -> dict[str, Any] | None:
+    """The shared prefix's state at the fork (``models/prefix/fork.pt``), checked: made with
+    this train config from this stream's prefix. None without a prefix."""
+    if run.name == PREFIX or not layout.prefix_steps(run.cfg):
+        return None
+    folder = run.paths.model(PREFIX)
+    meta = io.read_meta(folder, "prefix")  # the fork's bytes checked against its hash
+    state = load_state(folder / FORK)
+    want = prefix_hash(run.cfg, run.paths)
+    if state is None or state["config_hash"] != run.chash or state["stream_hash"] != want:
+        raise ArtifactError(
+            f"'{folder / FORK}' was made with another train config or stream prefix than twin "
+            f"{run.name}'s; rerun the pretrain_prefix step (plantbench prefix)"
+        )
+    if int(state["step"]) != layout.prefix_steps(run.cfg):
+        raise ArtifactError(
+            f"'{folder / FORK}' is the state after step {state['step']}, not after "
+            f"train.prefix_steps = {layout.prefix_steps(run.cfg)}; rerun the pretrain_prefix step"
+        )
+    run.prefix_meta = meta
+    return state
+
+
+def _apply_state(run: _Run, state: dict[str, Any]) -> None:
+    """Continue from ``state``: weights, optimizer, scheduler, every RNG, loss log, position."""
     run.model.load_state_dict(state["model"])
     run.opt.load_state_dict(state["optimizer"])
     run.sched.load_state_dict(state["scheduler"])
@@ -457,19 +519,36 @@ def _resume(run: _Run) -> None:
         run.checkpoint_hashes = {
             n: recorded[n] if n in recorded else hash_tree(run.ckpt_dir / n) for n in passed
         }
-    log.info("resuming %s from step %d (%s)", run.name, run.start, run.state_path)
+
+
+def _resume(run: _Run, fork: bool = True) -> None:
+    """Resume from the state; else, for a twin of a config with a prefix, start from the
+    prefix's state at the fork (``fork=False``: from step 0 on the twin's own stream, the same
+    run computed whole); else from step 0. Stale outputs are removed first."""
+    state = _load_valid_state(run)
+    _barrier(run.dev)  # every rank has decided before rank 0 removes anything
+    if state is not None:
+        _apply_state(run, state)
+        log.info("resuming %s from step %d (%s)", run.name, run.start, run.state_path)
+        return
+    if run.dev.main:
+        _clear_outputs(run)
+    start = _fork_state(run) if fork else None
+    if start is not None:
+        _apply_state(run, start)
+        log.info("%s: forked from the shared prefix at step %d", run.name, run.start)
 
 
 def _network(run: _Run) -> tuple[Any, Any]:
-    """(the module that runs forward/backward, the DDP wrapper or None): the model itself in
-    a single process; with P > 1 DDP (gradient all-reduce = mean over ranks); optionally
-    compiled."""
+    """(the module that runs forward/backward, the DDP wrapper or None): the model's
+    target-loss forward in a single process; with P > 1 wrapped in DDP (gradient all-reduce =
+    mean over ranks); optionally compiled."""
     ddp: Any = None
-    net: Any = run.model
+    net: Any = _TargetLoss(run.model)
     if run.dev.world > 1:
         device = run.dev.device
         ddp = torch.nn.parallel.DistributedDataParallel(
-            run.model, device_ids=[device.index] if device.type == "cuda" else None
+            net, device_ids=[device.index] if device.type == "cuda" else None
         )
         net = ddp
     if run.t.get("compile", False):
@@ -477,28 +556,47 @@ def _network(run: _Run) -> tuple[Any, Any]:
     return net, ddp
 
 
+class _TargetLoss(torch.nn.Module):
+    """The model's training forward: the hidden states, then the output layer only at the
+    target positions (``sel``, a recall window's answers or every position of a document); what
+    data-parallel training wraps."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.lm = model
+
+    def forward(self, ids: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
+        h = self.lm.model(input_ids=ids).last_hidden_state[:, :-1]
+        return self.lm.lm_head(h[sel])
+
+
 def _step_loss(run: _Run, net: Any, ddp: Any, step: int) -> float:
     """Forward and backward of this rank's share of optimizer step ``step``'s batch; returns
-    its share of the batch's mean loss."""
+    its share of the batch's loss: the summed cross-entropy of the target tokens (a recall
+    window's loss mask, every next token elsewhere) over the global batch's target count."""
     t, dev, B_local = run.t, run.dev, run.local_batch
     micro = int(t["micro_batch_windows"])
     first = dev.rank * B_local
     rows = run.stream.batch(step)[first : first + B_local]
     _trace_windows(dev.rank, step, step * run.batch + first, rows)
+    mask = run.stream.batch_mask(step)[:, 1:].astype(bool)
+    n_targets = max(1, int(mask.sum()))  # the global batch's, the same on every rank
     batch = torch.from_numpy(rows.astype(np.int64)).to(dev.device)
+    sel_all = torch.from_numpy(mask[first : first + B_local]).to(dev.device)
     run.opt.zero_grad(set_to_none=True)
     total = 0.0
     for m0 in range(0, B_local, micro):
-        ids = batch[m0 : m0 + micro]
+        ids, sel = batch[m0 : m0 + micro], sel_all[m0 : m0 + micro]
         sync = ddp is None or m0 + micro >= B_local  # all-reduce on the last micro-batch
         with contextlib.nullcontext() if sync else ddp.no_sync():
             with _autocast(t["precision"], dev.device):
-                logits = net(input_ids=ids).logits
+                logits = net(ids, sel)
             loss = torch.nn.functional.cross_entropy(
-                logits[:, :-1].float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1)
+                logits.float(), ids[:, 1:][sel], reduction="sum"
             )
-            (loss * (ids.size(0) / B_local)).backward()
-        total += float(loss.detach()) * ids.size(0) / run.batch
+            # DDP averages the ranks' gradients: each rank's share counts world times
+            (loss * (dev.world / n_targets)).backward()
+        total += float(loss.detach()) / n_targets
     return total
 
 
@@ -514,7 +612,7 @@ def _save_progress(run: _Run, done: int, stopping: bool) -> None:
             twin = modelcard.Twin(run.cfg, run.paths, run.name, run.stream, run.chash, params)
             modelcard.complete_checkpoint(tmp, twin, done)
         run.checkpoint_hashes[name] = hash_tree(run.ckpt_dir / name)
-    if done % int(run.t["state_every_steps"]) == 0 or done == run.steps or stopping:
+    if done % int(run.t["state_every_steps"]) == 0 or done == run.stop or stopping:
         save_state(run.state_path, run.snapshot(done))
 
 
@@ -539,7 +637,7 @@ def _train_steps(run: _Run) -> None:
     :class:`Preempted` after the current step."""
     flag = _StopFlag()
     old = {s: signal.signal(s, flag) for s in STOP_SIGNALS}
-    dev, steps = run.dev, run.steps
+    dev, steps = run.dev, run.stop
     run.model.train()
     net, ddp = _network(run)
     _log_rank(run)
@@ -632,7 +730,11 @@ def _write_outputs(run: _Run) -> dict[str, Any]:
         "pretrain",
         files,
         config_hash=run.chash,
-        inputs={"stream": run.stream.meta["hash"], "tokenizer": run.tok_meta["hash"]},
+        inputs={
+            "stream": run.stream.meta["hash"],
+            "tokenizer": run.tok_meta["hash"],
+            **({"prefix": run.prefix_meta["hash"]} if run.prefix_meta else {}),
+        },
         info={
             "model": run.name,
             **replicates.hash_part(run.cfg),
@@ -648,19 +750,57 @@ def _write_outputs(run: _Run) -> dict[str, Any]:
 
 
 def train(
-    cfg: dict[str, Any], paths: Paths, model_name: str, *, threads: int | None = None
+    cfg: dict[str, Any],
+    paths: Paths,
+    model_name: str,
+    *,
+    threads: int | None = None,
+    fork: bool = True,
 ) -> dict[str, Any]:
-    """Train one twin to ``train.steps``, resuming from its state when that state is for this
-    config and stream and every checkpoint it has passed is still on disk; otherwise (one
-    warning line) from step 0 with the stale state and checkpoints removed."""
+    """Train one twin to ``train.steps`` (or, ``model_name`` = ``prefix``, the shared prefix to
+    ``train.prefix_steps``), resuming from its state when that state is for this config and
+    stream and every checkpoint it has passed is still on disk; otherwise (one warning line)
+    from the prefix's state at the fork, or from step 0, with the stale state and checkpoints
+    removed. ``fork=False`` trains a twin whole from step 0 (the same run: a test's check)."""
     torch.set_num_threads(int(threads or cfg["train"]["threads"]))
     dev = init_distributed()
     run = _setup(cfg, paths, model_name, dev)
-    _resume(run)
+    _resume(run, fork=fork)
     _train_steps(run)
     if not dev.main:
         _barrier(dev)  # rank 0 writes the loss log and the meta
-        return io.read_meta(run.out, "pretrain", verify=False)
-    meta = _write_outputs(run)
+        return io.read_meta(run.out, "prefix" if model_name == PREFIX else "pretrain", verify=False)
+    meta = _write_prefix_outputs(run) if model_name == PREFIX else _write_outputs(run)
     _barrier(dev)
     return meta
+
+
+def _write_prefix_outputs(run: _Run) -> dict[str, Any]:
+    """Rank 0: the prefix's loss log and its full state at the fork, then the meta."""
+    out, B, W = run.out, run.batch, run.window
+    io.write_text(out / "loss.csv", _loss_csv(run))
+    save_state(out / FORK, run.snapshot(run.stop))
+    tail = [r["loss"] for r in run.losses[-max(1, run.stop // 20) :]]
+    counts = run.stream.manifest["kind"].iloc[: run.stop * B].value_counts().to_dict()
+    return io.write_meta(
+        out,
+        "prefix",
+        ["loss.csv", FORK],
+        config_hash=run.chash,
+        inputs={
+            **{
+                f"stream_{m}": open_stream(run.paths.stream(m), verify=False).meta["hash"]
+                for m in MODELS
+            },
+            "tokenizer": run.tok_meta["hash"],
+        },
+        info={
+            **replicates.hash_part(run.cfg),
+            "prefix_windows_hash": run.data_hash,
+            "params": sum(p.numel() for p in run.model.parameters()),
+            "steps": run.stop,
+            "tokens": run.stop * B * W,
+            "windows": {k: int(v) for k, v in sorted(counts.items())},
+            "final_loss": float(np.mean(tail)) if tail else None,
+        },
+    )

@@ -156,6 +156,8 @@ def _step_of(p: list[str]) -> Step | None:
         return Step(p[0], p[0], "", p[0])
     if len(p) == 2 and p[0] == "stream" and p[1] in MODELS:
         return Step("stream", "stream", "", "stream")
+    if p == ["models", "prefix"]:
+        return Step("prefix", "prefix", "", "pretrain_prefix")
     if len(p) == 2 and p[0] in SUITE_STEPS:
         return _suite_step(p[0], p[1])
     if len(p) == 2 and p[1] in MODELS and p[0] == "fidelity":
@@ -410,7 +412,8 @@ def _window_check(paths: Paths, m: str, streams: dict[str, Any], pre: str = "") 
     s = open_stream(paths.stream(m), verify=False)
     problem = _manifest_problem(s)
     if problem is None:
-        hashes = window_hashes(np.asarray(s.windows))
+        mask_rows = s.manifest["mask_row"].to_numpy() if s.masks is not None else None
+        hashes = window_hashes(np.asarray(s.windows), s.masks, mask_rows)
         bad = np.flatnonzero(hashes != s.manifest["hash"].to_numpy())
         if len(bad):
             problem = (
@@ -418,9 +421,31 @@ def _window_check(paths: Paths, m: str, streams: dict[str, Any], pre: str = "") 
                 f"in '{s.folder / 'tokens.bin'}'"
             )
         else:
+            problem = _grid_token_problem(paths, s)
+        if problem is None:
             streams[m] = s
             return [Check(f"{name} windows", "PASS", f"{len(hashes)} windows match the manifest")]
     return [_fail(f"{name} windows", [problem], recovery(Paths(paths.shared), name))]
+
+
+def _grid_token_problem(paths: Paths, s: Any) -> str | None:
+    """A recall window holding a grid entity's or answer's token sequence, if any (not looked
+    for when the facts or the tokenizer cannot be opened: their own checks fail then)."""
+    from plantbench.data import recall, tokenizer
+
+    rows = np.flatnonzero(s.manifest["kind"].to_numpy() == "recall")
+    if not len(rows):
+        return None
+    try:
+        facts = io.read_parquet(paths.facts / "facts.parquet")
+        tok = tokenizer.load(paths.tokenizer)
+    except ArtifactError:
+        return None
+    guard = recall.GridGuard(recall.grid_sequences(tok, facts))
+    for i in rows.tolist():
+        if guard.find(np.asarray(s.windows[i])) is not None:
+            return f"recall window {i} holds the tokens of a grid entity or answer"
+    return None
 
 
 def _pair_check(paths: Paths, a: Any, b: Any, pre: str = "") -> list[Check]:
@@ -701,6 +726,7 @@ def check_info(cfg: dict[str, Any], paths: Paths, metas: dict[str, dict[str, Any
 
 
 FLOAT_REFERENCED = (
+    "models/prefix",  # the shared prefix (absent without train.prefix_steps)
     *(f"models/{m}" for m in MODELS),
     "causal",
     *(f"features/{m}/hidden" for m in MODELS),

@@ -19,6 +19,7 @@ from plantbench.report.html import HTML_NAME, markdown_html
 from plantbench.suites.context import report as context_report
 from plantbench.suites.grounding import report as grounding_report
 from plantbench.suites.membership import report as membership_report
+from plantbench.truth import reading
 
 
 @dataclass
@@ -29,6 +30,8 @@ class _Inputs:
     models: dict[str, dict[str, Any]]
     facts: pd.DataFrame
     analysis: dict[str, Any] | None
+    curve: pd.DataFrame | None  # the reading curve (causal/reading_curve.parquet), if made
+    chance: float  # one in the candidates (0 without a reading curve)
 
 
 @dataclass
@@ -58,7 +61,12 @@ def _read_inputs(paths: Paths) -> _Inputs:
         analysis = io.read_meta(analysis_dir, "analysis", verify=False)
         io.check_input(analysis, "causal", causal, str(analysis_dir))
     facts = io.read_parquet(paths.causal / "facts.parquet")
-    return _Inputs(causal, models, facts, analysis)
+    curve, chance = None, 0.0
+    if reading.TABLE in causal["files"]:  # a causal step of this version always writes it
+        curve = io.read_parquet(paths.causal / reading.TABLE)
+        cands = io.read_parquet(paths.facts / "candidates.parquet")
+        chance = 1.0 / int(cands.groupby("fact_id").size().max())
+    return _Inputs(causal, models, facts, analysis, curve, chance)
 
 
 def _optional_sections(cfg: dict[str, Any], paths: Paths, out_dir: Path) -> list[_Section]:
@@ -117,11 +125,20 @@ def _learned_lines(inp: _Inputs) -> list[str]:
 
 def _closing_lines(inp: _Inputs, hashes: dict[str, str]) -> list[str]:
     info = {m: inp.models[m]["info"] for m in MODELS}
+    reading_lines = [
+        "Reading rate at the fork and at every checkpoint: the twin's true answer ranks first "
+        "with the fact's sentence among the context's segments, on the facts that twin never "
+        "read (data: `causal/reading_curve.parquet`).",
+        "",
+        "![reading curve](reading_curve.png)",
+        "",
+    ]
     return [
         "## Pretraining",
         "",
         "![loss curves](loss_curves.png)",
         "",
+        *(reading_lines if inp.curve is not None else []),
         "| model | final loss (mean of the last 5% of steps) | steps | tokens |",
         "|---|---|---|---|",
         *[
@@ -144,6 +161,8 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
     out_dir = paths.report
     out_dir.mkdir(parents=True, exist_ok=True)
     figures.loss_figure(paths, out_dir / "loss_curves.png")
+    if inp.curve is not None:
+        figures.reading_figure(inp.curve, inp.chance, out_dir / "reading_curve.png")
     graded = NOT_GRADED
     if inp.analysis is not None:
         graded = sections.analysis_sections(paths, out_dir)
@@ -179,7 +198,7 @@ def write_outputs(
     io.write_text(path, md)
     io.write_text(out_dir / HTML_NAME, markdown_html(md, out_dir))
     written = [
-        "loss_curves.png",
+        *(f for f in figures.TRAINING_FIGURES if f"]({f})" in md),  # the ones the report shows
         *(figures.FIGURES if "analysis" in inputs else ()),
         *(extra_figures or []),
     ]

@@ -11,8 +11,30 @@ import pandas as pd
 from plantbench.markdown import method_label, plt, save_figure, signed
 from plantbench.paths import MODELS, Paths
 
-# the grading figures (written with the analysis sections)
+# the pretraining figures (always written) and the grading figures (with the analysis sections)
+TRAINING_FIGURES = ("loss_curves.png", "reading_curve.png")
 FIGURES = ("learned_rate.png", "ap_by_n_docs.png", "mass_vs_effect.png")
+
+
+def reading_figure(curve: pd.DataFrame, chance: float, out: Path) -> None:
+    """The reading curve (``causal/reading_curve.parquet``): each twin's reading rate on the
+    facts it never read, by training tokens, from the fork (the shared prefix's end) on."""
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for m in MODELS:
+        c = curve[curve["model"] == m].sort_values("tokens")
+        ax.plot(c["tokens"] / 1e6, c["reading_rate"], marker="o", lw=1.2, label=f"model {m}")
+    fork = curve[curve["checkpoint"] == "fork"]
+    if len(fork):
+        ax.axvline(float(fork["tokens"].iloc[0]) / 1e6, color="grey", ls=":", lw=1)
+        ax.text(float(fork["tokens"].iloc[0]) / 1e6, 0.02, " fork", color="grey", fontsize=8)
+    ax.axhline(chance, color="grey", ls="--", lw=1, label=f"chance ({chance:.0%})")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("tokens (millions)")
+    ax.set_ylabel("true answer first, sentence in context")
+    ax.set_title("Reading never-read facts from the context")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    save_figure(fig, out)
 
 
 def loss_figure(paths: Paths, out: Path) -> dict[str, pd.DataFrame]:

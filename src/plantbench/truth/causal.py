@@ -28,6 +28,7 @@ from plantbench.model import queries
 from plantbench.model.modeling import load_model
 from plantbench.paths import MODELS, Paths
 from plantbench.truth import in_context
+from plantbench.truth import reading as reading_curve
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +70,14 @@ class _Scored:
     answer_tokens: np.ndarray | None = None
 
 
-def _read_inputs(paths: Paths) -> _Inputs:
+def _read_inputs(cfg: dict[str, Any], paths: Paths) -> _Inputs:
     metas = {
         "facts": io.read_meta(paths.facts, "facts"),
         "tokenizer": io.read_meta(paths.tokenizer, "tokenizer"),
         **{f"model_{m}": io.read_meta(paths.model(m), "pretrain") for m in MODELS},
     }
+    if layout.prefix_steps(cfg):
+        metas["prefix"] = io.read_meta(paths.model("prefix"), "prefix", verify=False)
     return _Inputs(
         metas,
         io.read_parquet(paths.facts / "facts.parquet"),
@@ -92,27 +95,65 @@ def _candidate_queries(inp: _Inputs) -> pd.DataFrame:
     )
 
 
+def _candidate_logps(model: torch.nn.Module, inp: _Inputs, cq: pd.DataFrame) -> np.ndarray:
+    """log p(candidate | prompt) of every row of ``cq``: a fact's two query forms run once as
+    one batch, its candidates continuing from their key-value cache."""
+    cand_ids = dict(
+        zip(
+            inp.candidates["candidate"],
+            tokenizer.encode_batch(inp.tok, [f" {c}" for c in inp.candidates["candidate"]]),
+            strict=True,
+        )
+    )
+    prompt_ids = dict(
+        zip(
+            inp.queries["prompt"],
+            tokenizer.encode_batch(inp.tok, inp.queries["prompt"].tolist()),
+            strict=True,
+        )
+    )
+    out = np.zeros(len(cq))
+    for _, g in cq.reset_index(drop=True).groupby("fact_id", sort=False):
+        forms = list(dict.fromkeys(g["form"]))
+        first = g[g["form"] == forms[0]]
+        names = first["candidate"].tolist()
+        prefixes = [
+            [tokenizer.BOS_ID, *prompt_ids[g.loc[g["form"] == f, "prompt"].iloc[0]]] for f in forms
+        ]
+        scores, _ = queries.batch_candidate_logprobs(model, prefixes, [cand_ids[c] for c in names])
+        for f, row in zip(forms, scores, strict=True):
+            out[g.index[g["form"] == f]] = row
+    return out
+
+
 def _score(
     paths: Paths, inp: _Inputs, cq: pd.DataFrame, ic_prompts: pd.DataFrame, bs: int
 ) -> _Scored:
-    """Answer and candidate log-probabilities, and the in-context table, under both twins."""
-    q_items = queries.encode(
-        inp.tok, inp.queries["prompt"].tolist(), inp.queries["answer"].tolist()
-    )
-    c_items = queries.encode(inp.tok, cq["prompt"].tolist(), cq["candidate"].tolist())
+    """Answer and candidate log-probabilities, and the in-context table, under both twins:
+    every candidate under both query forms (the true answer's is the query's log-probability)."""
+    cq = cq.reset_index(drop=True)
+    truth = cq[cq["is_true"]].set_index(["fact_id", "form"])
+    keys = list(zip(inp.queries["fact_id"], inp.queries["form"], strict=True))
+    true_rows = cq.index[cq["is_true"]].to_numpy()
+    row_of = dict(zip(truth.index, true_rows, strict=True))
+    q_rows = np.array([row_of[k] for k in keys], dtype=np.int64)
     out = _Scored()
+    out.answer_tokens = np.array(
+        [len(x) for x in tokenizer.encode_batch(inp.tok, [f" {a}" for a in inp.queries["answer"]])],
+        dtype=np.int64,
+    )
     for m in MODELS:
         model = load_model(artifacts.final_checkpoint_path(paths, m), attn="sdpa")
         if m == MODELS[0]:  # refuse contexts that do not fit before anything is computed
             window = int(model.config.max_position_embeddings)
             prompts.check_fits(inp.tok, ic_prompts, inp.candidates, window)
-        out.query_logp[m], out.answer_tokens = queries.answer_logprobs(model, q_items, bs)
-        out.cand_logp[m], _ = queries.answer_logprobs(model, c_items, bs)
+        out.cand_logp[m] = _candidate_logps(model, inp, cq)
+        out.query_logp[m] = out.cand_logp[m][q_rows]
         out.in_context[m] = in_context.score(model, inp.tok, ic_prompts, inp.candidates)
         log.info(
             "causal: scored %d queries, %d candidate pairs and %d in-context prompts under %s",
-            len(q_items),
-            len(c_items),
+            len(inp.queries),
+            len(cq),
             len(ic_prompts),
             m,
         )
@@ -189,7 +230,7 @@ def recipe_summary(facts: pd.DataFrame, positions: list[str]) -> dict[str, float
 
 def run(cfg: dict[str, Any], paths: Paths, *, threads: int = 1) -> dict[str, Any]:
     torch.set_num_threads(threads)
-    inp = _read_inputs(paths)
+    inp = _read_inputs(cfg, paths)
     k = layout.context_segments(cfg)
     ic_prompts = prompts.config_prompts(cfg, inp.facts, inp.candidates, inp.queries)
     cq = _candidate_queries(inp)
@@ -204,6 +245,8 @@ def run(cfg: dict[str, Any], paths: Paths, *, threads: int = 1) -> dict[str, Any
         paths.causal / "queries.parquet", qdf.sort_values("query_id").reset_index(drop=True)
     )
     io.write_parquet(paths.causal / in_context.TABLE, ic)
+    curve = reading_curve.curve(cfg, paths, inp.tok, inp.facts, ic_prompts, inp.candidates)
+    io.write_parquet(paths.causal / reading_curve.TABLE, curve)
     reading = {r: v["reading_rate"] for r, v in in_context.summary(ic).items()}
     rate = float(out["learned"].mean())
     log.info(
@@ -216,7 +259,7 @@ def run(cfg: dict[str, Any], paths: Paths, *, threads: int = 1) -> dict[str, Any
     return io.write_meta(
         paths.causal,
         "causal",
-        ["facts.parquet", "queries.parquet", in_context.TABLE],
+        ["facts.parquet", "queries.parquet", in_context.TABLE, reading_curve.TABLE],
         config_hash=config_hash(cfg, ["seed", "facts", "model", "train", "causal"]),
         inputs={k: v["hash"] for k, v in inp.metas.items()},
         info={

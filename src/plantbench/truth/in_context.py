@@ -53,8 +53,9 @@ def score(
     prompts: pd.DataFrame,
     candidates: pd.DataFrame,
 ) -> pd.DataFrame:
-    """Every candidate's log-probability under every prompt (the prompt run once, its cache
-    shared by the candidates); the true and context answers' log-probabilities and ranks."""
+    """Every candidate's log-probability under every prompt (a fact's prompts run once as one
+    batch, its candidates continuing from their key-value cache); the true and context
+    answers' log-probabilities and ranks, in ``prompts``' row order."""
     from plantbench.data import tokenizer
 
     cands = candidates.sort_values(["fact_id", "candidate_index"])
@@ -67,13 +68,17 @@ def score(
         )
     )
     prompt_ids = tokenizer.encode_batch(tok, prompts["prompt"].tolist())
-    out = []
-    for p, pids in zip(prompts.itertuples(index=False), prompt_ids, strict=True):
-        names = by_fact[p.fact_id]
-        s = queries.candidate_logprobs(model, [tokenizer.BOS_ID, *pids], [ids_of[c] for c in names])
-        t = names.index(p.answer)
-        c = names.index(p.context_answer) if p.context_answer else t
-        out.append((float(s[t]), float(s[c]), _rank(s, t), _rank(s, c)))
+    out: list[tuple[float, float, int, int]] = [(0.0, 0.0, 0, 0)] * len(prompts)
+    rows = prompts.reset_index(drop=True)
+    for fid, idx in rows.groupby("fact_id", sort=False).indices.items():
+        names = by_fact[fid]
+        prefixes = [[tokenizer.BOS_ID, *prompt_ids[i]] for i in idx]
+        scores, _ = queries.batch_candidate_logprobs(model, prefixes, [ids_of[c] for c in names])
+        for i, sc in zip(idx.tolist(), scores, strict=True):
+            p = rows.iloc[i]
+            t = names.index(p["answer"])
+            c = names.index(p["context_answer"]) if p["context_answer"] else t
+            out[i] = (float(sc[t]), float(sc[c]), _rank(sc, t), _rank(sc, c))
     return pd.DataFrame(out, columns=["logp_true", "logp_context", "rank_true", "rank_context"])
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from plantbench.data import tokenizer
+from plantbench.model.queries import batch_candidate_logprobs
 
 
 def prompt_of(segments: Sequence[str], mask: Sequence[bool], query: str) -> str:
@@ -31,59 +32,6 @@ def prompt_of(segments: Sequence[str], mask: Sequence[bool], query: str) -> str:
 def mask_key(mask: np.ndarray) -> int:
     """A mask as an integer (bit i = segment i kept), the memo's key."""
     return int(sum(1 << i for i, m in enumerate(mask) if m))
-
-
-@torch.no_grad()
-def batch_candidate_logprobs(
-    model: torch.nn.Module, prefixes: Sequence[list[int]], candidates: Sequence[list[int]]
-) -> tuple[np.ndarray, np.ndarray]:
-    """``[len(prefixes), len(candidates)]`` summed log p(candidate | prefix), float64, and
-    whether greedy decoding from the prefix reproduces the candidate (every one of its tokens is
-    the argmax after the prefix and the tokens before it: teacher forcing decides greedy).
-
-    The prefixes run once as a right-padded batch; each candidate then continues every prefix
-    from the repeated key-value cache, at explicit positions after that prefix's last real token
-    (the pads between are masked out). Agrees with :func:`plantbench.model.queries.candidate_logprobs`
-    on each prefix alone up to float rounding (tested)."""
-    device = next(model.parameters()).device
-    n, c = len(prefixes), len(candidates)
-    lens = torch.tensor([len(p) for p in prefixes])
-    T = int(lens.max())
-    ids = torch.full((n, T), tokenizer.PAD_ID, dtype=torch.long)
-    attn = torch.zeros((n, T), dtype=torch.long)
-    for i, p in enumerate(prefixes):
-        ids[i, : len(p)] = torch.tensor(p)
-        attn[i, : len(p)] = 1
-    pre = model(input_ids=ids.to(device), attention_mask=attn.to(device), use_cache=True)
-    last = pre.logits[torch.arange(n), lens - 1].float()
-    first = torch.log_softmax(last, dim=-1)  # [n, V]
-    Tc = max(len(x) for x in candidates)
-    cids = torch.full((c, Tc), tokenizer.PAD_ID, dtype=torch.long)
-    cmask = torch.zeros((c, Tc), dtype=torch.long)
-    for j, x in enumerate(candidates):
-        cids[j, : len(x)] = torch.tensor(x)
-        cmask[j, : len(x)] = 1
-    cache = pre.cache
-    cache.batch_repeat_interleave(c)
-    rows_ids = cids.repeat(n, 1)
-    rows_mask = cmask.repeat(n, 1)
-    full_attn = torch.cat([attn.repeat_interleave(c, dim=0), rows_mask], dim=1)
-    pos = lens.repeat_interleave(c).unsqueeze(1) + torch.arange(Tc).unsqueeze(0)
-    logits = model(
-        input_ids=rows_ids.to(device),
-        attention_mask=full_attn.to(device),
-        position_ids=pos.to(device),
-        cache=cache,
-    ).logits.float()
-    logp = torch.log_softmax(logits[:, :-1], dim=-1)
-    nxt = rows_ids[:, 1:].to(device)
-    real = rows_mask[:, 1:].to(device).bool()
-    rest = logp.gather(-1, nxt.unsqueeze(-1)).squeeze(-1).double()
-    rest = (rest * real.double()).sum(dim=1).view(n, c)
-    head = first.gather(1, cids[:, 0].to(device).unsqueeze(0).expand(n, c)).double()
-    greedy_rest = ((logits[:, :-1].argmax(-1) == nxt) | ~real).all(dim=1).view(n, c)
-    greedy = (first.argmax(-1, keepdim=True) == cids[:, 0].to(device).unsqueeze(0)) & greedy_rest
-    return (head + rest).cpu().numpy(), greedy.cpu().numpy()
 
 
 class Oracle:
