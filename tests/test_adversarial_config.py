@@ -90,7 +90,7 @@ CASES: list[tuple[str, dict | Setup | str, str]] = [
         "tracin-more-than-saved",
         {"features": {"tracin_checkpoints": 5}},
         "'features.tracin_checkpoints' = 5 asks for more checkpoints than the 4 that "
-        "train.steps = 1280 with train.checkpoint_every_steps = 320 saves",
+        "train.steps = 6080 with train.checkpoint_every_steps = 320 saves",
     ),
     (
         "tracin-with-one-checkpoint",

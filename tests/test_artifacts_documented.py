@@ -160,7 +160,10 @@ def test_readme_patterns_parse(readme: str) -> None:
     for f in ("facts/extra.parquet", "pool/A/pool.csv", "scores/oracle/A/x/own.parquet"):
         assert undocumented([f], pats) == [f]
     assert len(stage_patterns(readme)) >= 13
-    assert optional_stages(readme) == {_regex("features/<model>/ekfac_tracin/<checkpoint>")}
+    assert optional_stages(readme) == {
+        _regex("features/<model>/ekfac_tracin/<checkpoint>"),
+        _regex("models/prefix"),  # only with train.prefix_steps
+    }
 
 
 def test_an_optional_stage_may_be_absent_but_not_without_its_meta() -> None:

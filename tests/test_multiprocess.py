@@ -34,6 +34,7 @@ OVERRIDE = {
     "corpus": {"max_bytes": 400_000},
     "train": {
         "steps": STEPS,
+        "prefix_steps": 0,
         "batch_windows": B,
         "micro_batch_windows": MICRO,
         "checkpoint_every_steps": 10,

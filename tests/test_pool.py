@@ -32,8 +32,10 @@ def test_pool_size_of_the_default_config_matches_the_fact_tables(default_cfg):
     default_cfg["pool"]["random_windows"] = 10**9  # capped at the stream's background windows
     n = default_cfg["train"]["steps"] * default_cfg["train"]["batch_windows"]
 
-    assert layout.episode_count(default_cfg, n) > 0  # reading episodes are not background
-    assert layout.pool_size(default_cfg) == n - layout.episode_count(default_cfg, n)
+    recall = sum(layout.recall_counts(default_cfg).values())
+    assert recall > 0  # recall windows (like reading episodes) are not background
+    episodes = layout.episode_count(default_cfg, n)
+    assert layout.pool_size(default_cfg) == n - episodes - recall
 
 
 def test_pool_composition_and_size():
@@ -81,7 +83,7 @@ def test_pool_is_deterministic():
 
 
 def test_tracin_checkpoints_evenly_spaced_last_included(default_cfg):
-    default_cfg["train"].update(steps=1200, checkpoint_every_steps=300)
+    default_cfg["train"].update(steps=1200, prefix_steps=0, checkpoint_every_steps=300)
     default_cfg["features"]["tracin_checkpoints"] = 4
     assert layout.tracin_checkpoints(default_cfg) == [
         "step_0000300",

@@ -1,8 +1,8 @@
 """Adversarial cases for a trained model: every damage is a FAIL of ``plantbench verify`` whose
 printed recovery works when followed, and rerunning pretraining never loops on a stale state.
 
-One model (smoke config, 120 steps) is trained once per module with the CLI on a copy of the
-session's smoke upstream; each test damages a private copy of that run.
+One model (smoke config without the shared prefix, 160 steps) is trained once per module with
+the CLI on its own smoke upstream; each test damages a private copy of that run.
 """
 
 from __future__ import annotations
@@ -43,9 +43,13 @@ def _copy_run(src: Path, dst: Path) -> tuple[dict[str, Any], Path]:
 
 
 @pytest.fixture(scope="module")
-def trained(smoke_stream: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The smoke upstream with model A trained to the end (state, checkpoints, meta)."""
-    src = smoke_stream["root"] / "results"
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The smoke upstream without the shared prefix (these cases are the twin's own: the
+    prefix and its fork are tests/test_recall.py's) and model A trained to the end (state,
+    checkpoints, meta)."""
+    from upstream import build_upstream
+
+    src = build_upstream(tmp_path_factory.mktemp("recovery"), {"train": {"prefix_steps": 0}})
     _, cfg_path = _copy_run(src, tmp_path_factory.mktemp("trained") / "results")
     threads = torch.get_num_threads()
     try:

@@ -27,6 +27,7 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stab
 SHOT_SIZE = (1280, 900)
 FIGURES = {
     "loss_curves.png",
+    "reading_curve.png",
     "learned_rate.png",
     "ap_by_n_docs.png",
     "mass_vs_effect.png",

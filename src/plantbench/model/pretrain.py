@@ -162,16 +162,20 @@ def _barrier(dev: DistInfo) -> None:
         dist.barrier()
 
 
-def _trace_windows(rank: int, step: int, first: int, batch: np.ndarray) -> None:
+def _trace_windows(stream: Stream, rank: int, step: int, first: int, batch: np.ndarray) -> None:
     """Test hook: ``PLANTBENCH_TRACE_WINDOWS=<folder>`` appends, per rank and step, the window
-    indices this rank trained on and the xxh3 of each window's tokens (manifest hashes)."""
+    indices this rank trained on and the xxh3 of each window's tokens and the loss mask it
+    trained them with (manifest hashes)."""
     folder = os.environ.get("PLANTBENCH_TRACE_WINDOWS")
     if not folder:
         return
     from plantbench.hashing import window_hashes
 
-    row = {"step": step, "windows": list(range(first, first + len(batch))),
-           "hashes": [int(h) for h in window_hashes(batch)]}  # fmt: skip
+    idx = list(range(first, first + len(batch)))
+    masked = stream.manifest["mask_row"].to_numpy()[idx] >= 0 if stream.masks is not None else None
+    rows = None if masked is None else np.where(masked, np.arange(len(idx)), -1)
+    hashes = window_hashes(batch, stream.loss_mask(idx), rows)
+    row = {"step": step, "windows": idx, "hashes": [int(h) for h in hashes]}
     Path(folder).mkdir(parents=True, exist_ok=True)
     with open(Path(folder) / f"rank{rank}.jsonl", "a") as fh:
         fh.write(json.dumps(row) + "\n")
@@ -578,7 +582,7 @@ def _step_loss(run: _Run, net: Any, ddp: Any, step: int) -> float:
     micro = int(t["micro_batch_windows"])
     first = dev.rank * B_local
     rows = run.stream.batch(step)[first : first + B_local]
-    _trace_windows(dev.rank, step, step * run.batch + first, rows)
+    _trace_windows(run.stream, dev.rank, step, step * run.batch + first, rows)
     mask = run.stream.batch_mask(step)[:, 1:].astype(bool)
     n_targets = max(1, int(mask.sum()))  # the global batch's, the same on every rank
     batch = torch.from_numpy(rows.astype(np.int64)).to(dev.device)
