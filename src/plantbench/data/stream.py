@@ -422,6 +422,7 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
         train = _tokenize_background(paths, inp.tok, dtype, scratch, heldout, t0)
         plan = _make_plan(cfg, inp, slots, doc_tokens, eps, train, heldout, dtype)
         plan = dataclasses.replace(plan, recall=recall_windows)
+        plan = dataclasses.replace(plan, loss_masks=_recall_masks(plan))  # once, for A and B
         first, *rest = MODELS
         metas = {first: _write_stream(plan, paths, first, t0)}
         for model in rest:  # same background: copy the first stream, rewrite the slots
@@ -600,6 +601,9 @@ class _Plan:
     inputs: dict[str, str]
     info: dict[str, Any]
     recall: dict[int, recall.Window] = dataclasses.field(default_factory=dict)  # by window index
+    # (mask_row per window, -1 = no mask; the recall windows' loss masks), made once from
+    # ``recall`` by _recall_masks for both streams
+    loss_masks: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.int64), np.empty((0, 0), np.uint8))
 
 
 def _corpus_token_stats(
@@ -628,7 +632,7 @@ def _write_stream(
     io.write_parquet(out / MANIFEST, manifest)
     files = [TOKENS, MANIFEST]
     if plan.recall:  # the recall windows' loss masks (the same in A and B)
-        io.write_bytes(out / LOSS_MASK, _recall_masks(plan)[1].tobytes())
+        io.write_bytes(out / LOSS_MASK, plan.loss_masks[1].tobytes())
         files.append(LOSS_MASK)
     if len(plan.episodes):  # the episodes' text (the same in A and B)
         from plantbench.data.episodes import TABLE
@@ -693,7 +697,7 @@ def _write_tokens(plan: _Plan, path: Path, model: str, like: Path | None) -> pd.
     fact_id = np.full(N, "", dtype=object)
     doc_id = np.full(N, "", dtype=object)
     n_doc_tokens = np.zeros(N, dtype=np.int64)
-    mask_row, masks = _recall_masks(plan)
+    mask_row, masks = plan.loss_masks
     # windows go straight into a memmap of the temporary file (no copy of the stream in memory)
     with io.atomic_path(path) as tmp:
         windows = _background_windows(plan, tmp, like)

@@ -172,9 +172,8 @@ def _trace_windows(stream: Stream, rank: int, step: int, first: int, batch: np.n
     from plantbench.hashing import window_hashes
 
     idx = list(range(first, first + len(batch)))
-    masked = stream.manifest["mask_row"].to_numpy()[idx] >= 0 if stream.masks is not None else None
-    rows = None if masked is None else np.where(masked, np.arange(len(idx)), -1)
-    hashes = window_hashes(batch, stream.loss_mask(idx), rows)
+    rows = stream.manifest["mask_row"].to_numpy()[idx] if stream.masks is not None else None
+    hashes = window_hashes(batch, stream.masks, rows)
     row = {"step": step, "windows": idx, "hashes": [int(h) for h in hashes]}
     Path(folder).mkdir(parents=True, exist_ok=True)
     with open(Path(folder) / f"rank{rank}.jsonl", "a") as fh:
