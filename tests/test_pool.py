@@ -11,7 +11,7 @@ import pytest
 
 from micro_study import build_grad_features, build_upstream
 from plantbench import artifacts, io, layout
-from plantbench.attribution import encoder, features, pool
+from plantbench.attribution import embed, encoder, features, pool
 from plantbench.attribution.gradients.store import GradientStore
 from plantbench.errors import ArtifactError, ConfigError
 from plantbench.paths import MODELS
@@ -142,8 +142,11 @@ def test_encoder_path_that_does_not_exist(tmp_path):
     cfg = json.loads(json.dumps(cfg))
     cfg["features"]["encoder"] = str(tmp_path / "no" / "such" / "encoder")
     with pytest.raises(ConfigError, match="features.encoder.*no such model folder"):
-        features.embed(cfg, p, "A")
+        embed.embed(cfg, p, "A")
     assert not p.embed("A").exists()
+    with pytest.raises(ConfigError, match="features.encoder.*no such model folder"):
+        embed.shared(cfg, p)
+    assert not p.embed(embed.SHARED).exists()
     cfg["features"]["encoder"] = "not-an-installed-encoder-pkg"
     with pytest.raises(ConfigError, match="features.encoder"):
         encoder.resolve_encoder(cfg["features"]["encoder"])

@@ -313,7 +313,9 @@ def test_each_rule_runs_as_its_own_slurm_job_with_its_resources(slurm_run: Run) 
         assert _mem_mb(s["mem"]) == j["mem_mb"], (j, s)
         assert _minutes(s["limit"]) == j["runtime"], (j, s)
     by_rule = {j["rule"]: j for j in jobs}
-    assert by_rule["causal"]["threads"] == 2 and by_rule["causal"]["slurm"]["cpus"] == 2
+    # a rule with two threads (the shared prefix takes both twins' cores) asks Slurm for two
+    prefix = by_rule["pretrain_prefix"]
+    assert prefix["threads"] == 2 and prefix["slurm"]["cpus"] == 2
     # rule-declared resources reach Slurm (pretrain: mem 4000 * attempt, runtime 60 * attempt)
     assert (by_rule["pretrain"]["mem_mb"], by_rule["pretrain"]["runtime"]) == (4000, 60)
     assert (by_rule["facts"]["mem_mb"], by_rule["facts"]["runtime"]) == (2000, 10)

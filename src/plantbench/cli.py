@@ -131,6 +131,15 @@ def cmd_causal(args: argparse.Namespace) -> None:
     print(f"causal {meta['hash']} learned {meta['info']['learned_rate']:.3f}")
 
 
+def cmd_reading(args: argparse.Namespace) -> None:
+    from plantbench.truth import reading
+
+    cfg = _load_cfg(args)
+    meta = reading.run(cfg, Paths(cfg), threads=args.threads or 1)
+    rates = ", ".join(f"{m} {100 * v:.0f}%" for m, v in meta["info"]["final"].items())
+    print(f"reading {meta['hash']} final checkpoints: {rates}")
+
+
 def cmd_analysis(args: argparse.Namespace) -> None:
     from plantbench.grading import analysis
 
@@ -202,11 +211,19 @@ def cmd_hidden(args: argparse.Namespace) -> None:
 
 
 def cmd_embed(args: argparse.Namespace) -> None:
-    from plantbench.attribution import features
+    from plantbench.attribution import embed
 
     cfg = _load_cfg(args)
-    meta = features.embed(cfg, Paths(cfg), args.model, threads=args.threads)
-    print(f"embed {args.model} {meta['hash']}")
+    meta = embed.embed(cfg, Paths(cfg), args.model, threads=args.threads)
+    print(f"embed {args.model} {meta['hash']} ({meta['info']['encoded_here']} texts encoded here)")
+
+
+def cmd_embed_shared(args: argparse.Namespace) -> None:
+    from plantbench.attribution import embed
+
+    cfg = _load_cfg(args)
+    meta = embed.shared(cfg, Paths(cfg), threads=args.threads)
+    print(f"embed-shared {meta['hash']} ({meta['info']['n_texts']} texts)")
 
 
 def cmd_methods(args: argparse.Namespace) -> None:
@@ -343,6 +360,17 @@ def cmd_bench(args: argparse.Namespace) -> None:
     print(f"benchmarks -> {path}")
 
 
+def cmd_timeline(args: argparse.Namespace) -> None:
+    from plantbench.ops import timeline
+
+    cfg = _load_cfg(args)
+    folder = Paths(cfg).benchmarks
+    out = timeline.write(folder, before=args.before)
+    if out is None:
+        raise PlantbenchError(f"no benchmark files in '{folder}'; run the workflow first")
+    print(f"timeline -> {out} and {folder / timeline.FIGURE}")
+
+
 DESCRIPTION = (
     "Pretrain two twin language models that differ only in which invented facts they read, "
     "measure each fact's causal effect, and grade training-data attribution methods against it. "
@@ -435,10 +463,12 @@ THREADED = (
     "grads",
     "hidden",
     "embed",
+    "embed-shared",
     "score",
     "ekfac",
     "fidelity",
     "causal",
+    "reading",
     "bench",
     "context-attribute",
     "grounding-respond",
@@ -462,7 +492,7 @@ PER_MODEL = (
     "serve",
 )
 # the subcommands that act on one replicate's artifacts (plantbench.replicates)
-PER_REPLICATE = (*PER_MODEL, "stream", "prefix", "causal", "analysis")
+PER_REPLICATE = (*PER_MODEL, "stream", "prefix", "embed-shared", "causal", "reading", "analysis")
 
 
 def _add_common(p: argparse.ArgumentParser, name: str) -> None:
@@ -560,7 +590,17 @@ def _opts_bench(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _opts_timeline(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--before",
+        type=Path,
+        metavar="DIR",
+        help="another run's benchmarks folder: its stage table beside this run's",
+    )
+
+
 OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "timeline": _opts_timeline,
     "config": _opts_config,
     "batch": _opts_batch,
     "grads": _opts_grads,
@@ -587,7 +627,8 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "grads": (cmd_grads, "projected per-example gradients: one pool shard or all queries"),
     "curvature": (cmd_curvature, "fit the damped projected Fisher of one checkpoint"),
     "hidden": (cmd_hidden, "final-checkpoint hidden states of pool windows and queries"),
-    "embed": (cmd_embed, "text-encoder embeddings of pool windows and queries"),
+    "embed-shared": (cmd_embed_shared, "text-encoder embeddings of the texts both twins need"),
+    "embed": (cmd_embed, "text-encoder embeddings of pool windows and queries (from the cache)"),
     "methods": (cmd_methods, "list the registered attribution methods"),
     "score": (cmd_score, "score every query against a model's pool with one method"),
     "ekfac": (cmd_ekfac, "fit EK-FAC on the pool at one checkpoint; score every query"),
@@ -596,6 +637,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
         "grade each gradient method against exact, unprojected gradient products on a subset",
     ),
     "causal": (cmd_causal, "measure each fact's causal effect, learned flag and difficulty"),
+    "reading": (cmd_reading, "each twin's reading rate at the fork and at every checkpoint"),
     "context-build": (
         cmd_context_build,
         "context suite: k-segment contexts with each segment's provenance under each twin",
@@ -649,6 +691,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     ),
     "plan": (cmd_plan, "per stage: work, FLOPs, disk and GPU-hours on a named GPU"),
     "bench": (cmd_bench, "measure training, featurization and scoring speed on this machine"),
+    "timeline": (cmd_timeline, "the run's jobs on a time axis and job seconds per stage"),
 }
 
 

@@ -119,6 +119,10 @@ class Paths:
         return self.root / "causal"
 
     @property
+    def reading(self) -> Path:
+        return self.root / "reading"
+
+    @property
     def report(self) -> Path:
         return self.root / "report"
 

@@ -41,6 +41,8 @@ rule grads_pool:
         rlog_of("grads_pool_{model}_{checkpoint}_{shard}"),
     benchmark:
         rbench_of("grads_pool_{model}_{checkpoint}_{shard}")
+    # the longest jobs first once the twins are trained (the run's tail is then short)
+    priority: 25
     conda:
         "../../envs/plantbench.yaml"
     threads: 1
@@ -139,9 +141,38 @@ rule hidden:
 
 
 # GPU
+rule embed_shared:
+    input:
+        pools=expand("{R}/{{rep}}pool/{model}/meta.json", R=R, model=MODELS),
+        facts=f"{R}/facts/meta.json",
+        tokenizer=rules.tokenizer.output.meta,
+    output:
+        f"{FEAT}/shared/embed/meta.json",
+    log:
+        rlog_of("embed_shared"),
+    benchmark:
+        rbench_of("embed_shared")
+    # the longest jobs first once the twins are trained (the run's tail is then short)
+    priority: 30
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        run_config=RUN_CONFIG,
+        mem_mb=lambda wc, attempt: 4000 * attempt,
+        runtime=lambda wc, attempt: 60 * attempt,
+    params:
+        replicate=replicate_of,
+        sections=sections("embed_shared"),
+        plantbench=PLANTBENCH,
+    shell:
+        "{params.plantbench} embed-shared -c {resources.run_config:q} --replicate {params.replicate} --threads {threads} 2> {log:q}"
+
+
 rule embed:
     input:
         pool=rules.pool.output.meta,
+        shared=rules.embed_shared.output,
         facts=f"{R}/facts/meta.json",
         tokenizer=rules.tokenizer.output.meta,
     output:
@@ -211,6 +242,8 @@ rule ekfac:
         rlog_of("ekfac_{model}"),
     benchmark:
         rbench_of("ekfac_{model}")
+    # the longest jobs first once the twins are trained (the run's tail is then short)
+    priority: 40
     conda:
         "../../envs/plantbench.yaml"
     threads: 1

@@ -70,6 +70,26 @@ onerror:
     _report_failures()
 
 
+# A finished run draws its jobs on a time axis and sums job seconds per stage
+# (benchmarks/timeline.png and benchmarks/stages.md; plantbench.ops.timeline).
+onsuccess:
+    _write_timeline()
+
+
+def _write_timeline() -> None:
+    import plantbench.ops.timeline as _pbtimeline
+
+    try:
+        out = _pbtimeline.write(os.path.join(R, "benchmarks"))
+    except (
+        Exception
+    ) as exc:  # a drawing problem must not turn a finished run into a failed one
+        logger.warning(f"plantbench: no timeline ({type(exc).__name__}: {exc})")
+        return
+    if out is not None:
+        logger.info(f"plantbench: job seconds per stage -> {out}")
+
+
 def _log_tail(path: str, n: int = 5) -> list[str]:
     """The last ``n`` non-empty lines of a job's log (the CLI's one-line error is the last)."""
     try:

@@ -39,6 +39,8 @@ rule context_attribute:
         log_of("context_attribute_{model}"),
     benchmark:
         bench_of("context_attribute_{model}")
+    # the longest jobs first once the twins are trained (the run's tail is then short)
+    priority: 20
     conda:
         "../../envs/plantbench.yaml"
     threads: 1

@@ -40,6 +40,8 @@ rule membership_detect:
         log_of("membership_detect_{model}"),
     benchmark:
         bench_of("membership_detect_{model}")
+    # the longest jobs first once the twins are trained (the run's tail is then short)
+    priority: 20
     conda:
         "../../envs/plantbench.yaml"
     threads: 1

@@ -6,6 +6,7 @@
 rule report:
     input:
         causal=f"{R}/causal/meta.json",
+        reading=f"{R}/reading/meta.json",
         models=expand("{R}/models/{model}/meta.json", R=R, model=MODELS),
         analysis=f"{R}/analysis/meta.json",
         replicates=replicate_summary(),

@@ -1,4 +1,5 @@
-# The causal ground truth: each fact's effect on the twin that read it, and the in-context check
+# The causal ground truth: each fact's effect on the twin that read it, and the in-context check;
+# the reading curve beside it
 # (src/plantbench/truth/).
 
 
@@ -16,7 +17,7 @@ rule causal:
         rbench_of("causal")
     conda:
         "../../envs/plantbench.yaml"
-    threads: 2
+    threads: 1
     resources:
         run_config=RUN_CONFIG,
         mem_mb=4000,
@@ -27,3 +28,28 @@ rule causal:
         plantbench=PLANTBENCH,
     shell:
         "{params.plantbench} causal -c {resources.run_config:q} --replicate {params.replicate} --threads {threads} 2> {log:q}"
+
+
+rule reading:
+    input:
+        facts=rules.facts.output.meta,
+        models=expand("{R}/{{rep}}models/{model}/meta.json", R=R, model=MODELS),
+    output:
+        meta=f"{RR}reading/meta.json",
+    log:
+        rlog_of("reading"),
+    benchmark:
+        rbench_of("reading")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        run_config=RUN_CONFIG,
+        mem_mb=4000,
+        runtime=30,
+    params:
+        replicate=replicate_of,
+        sections=sections("reading"),
+        plantbench=PLANTBENCH,
+    shell:
+        "{params.plantbench} reading -c {resources.run_config:q} --replicate {params.replicate} --threads {threads} 2> {log:q}"

@@ -14,6 +14,7 @@ import torch
 
 from plantbench import artifacts
 from plantbench.errors import ConfigError
+from plantbench.hashing import hash_bytes
 
 
 def resolve_encoder(spec: str) -> Path:
@@ -73,3 +74,16 @@ def encode_texts(
         )
         prog(len(part))
     return np.concatenate(out).astype(np.float32) if out else np.zeros((0, 0), np.float32)
+
+
+def text_key(text: str) -> str:
+    """The content address of a text in the embedding cache: the hash of its UTF-8 bytes."""
+    return hash_bytes(text.encode("utf-8"))
+
+
+def encode_each(folder: Path, texts: Sequence[str], *, what: str = "texts") -> np.ndarray:
+    """Encoder embeddings (float32) of ``texts``, each encoded alone: no padding and no batch
+    neighbours, so a text's vector depends on its text only (bitwise, at the pinned float
+    settings) and can be cached by :func:`text_key`. On one CPU core as fast as padded batches
+    of 8 and faster than batches of 32 of pool windows (measured)."""
+    return encode_texts(folder, texts, batch_size=1, what=what)

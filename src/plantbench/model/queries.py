@@ -66,7 +66,7 @@ def candidate_logprobs(
     and its key-value cache shared by all candidates (the same numbers as :func:`answer_logprobs`
     on ``prefix + candidate``, up to float rounding)."""
     device = next(model.parameters()).device
-    pre = model(input_ids=torch.tensor([prefix], device=device), use_cache=True)
+    pre = model(input_ids=torch.tensor([prefix], device=device), use_cache=True, logits_to_keep=1)
     first = torch.log_softmax(pre.logits[0, -1].float(), dim=-1)
     n, T = len(candidates), max(len(c) for c in candidates)
     ids = torch.full((n, T), tokenizer.PAD_ID, dtype=torch.long)
@@ -105,8 +105,15 @@ def batch_candidate_logprobs(
     for i, p in enumerate(prefixes):
         ids[i, : len(p)] = torch.tensor(p)
         attn[i, : len(p)] = 1
-    pre = model(input_ids=ids.to(device), attention_mask=attn.to(device), use_cache=True)
-    last = pre.logits[torch.arange(n), lens - 1].float()
+    # the vocabulary projection of each prefix's last real position only
+    last_pos = (lens - 1).unsqueeze(1).to(device)
+    pre = model(
+        input_ids=ids.to(device),
+        attention_mask=attn.to(device),
+        use_cache=True,
+        logits_to_keep=last_pos,
+    )
+    last = pre.logits[:, 0].float()
     first = torch.log_softmax(last, dim=-1)  # [n, V]
     Tc = max(len(x) for x in candidates)
     cids = torch.full((c, Tc), tokenizer.PAD_ID, dtype=torch.long)

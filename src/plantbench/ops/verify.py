@@ -152,7 +152,15 @@ def _suite_step(suite: str, part: str) -> Step | None:
 
 
 def _step_of(p: list[str]) -> Step | None:
-    if len(p) == 1 and p[0] in ("facts", "corpus", "tokenizer", "causal", "analysis", "report"):
+    if len(p) == 1 and p[0] in (
+        "facts",
+        "corpus",
+        "tokenizer",
+        "causal",
+        "reading",
+        "analysis",
+        "report",
+    ):
         return Step(p[0], p[0], "", p[0])
     if len(p) == 2 and p[0] == "stream" and p[1] in MODELS:
         return Step("stream", "stream", "", "stream")
@@ -165,6 +173,8 @@ def _step_of(p: list[str]) -> Step | None:
     if len(p) == 2 and p[1] in MODELS and p[0] in ("models", "pool"):
         stage = "pretrain" if p[0] == "models" else "pool"
         return Step(stage, stage, f" --model {p[1]}", stage)
+    if p == ["features", "shared", "embed"]:
+        return Step("embed_shared", "embed-shared", "", "embed_shared")
     if len(p) == 3 and p[0] == "features" and p[2] in ("hidden", "embed", "ekfac"):
         return Step(p[2], p[2], f" --model {p[1]}", p[2])
     if len(p) == 3 and p[0] == "scores":
@@ -729,6 +739,7 @@ FLOAT_REFERENCED = (
     "models/prefix",  # the shared prefix (absent without train.prefix_steps)
     *(f"models/{m}" for m in MODELS),
     "causal",
+    "reading",
     *(f"features/{m}/hidden" for m in MODELS),
 )
 

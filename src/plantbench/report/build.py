@@ -30,7 +30,7 @@ class _Inputs:
     models: dict[str, dict[str, Any]]
     facts: pd.DataFrame
     analysis: dict[str, Any] | None
-    curve: pd.DataFrame | None  # the reading curve (causal/reading_curve.parquet), if made
+    curve: pd.DataFrame | None  # the reading curve (reading/reading_curve.parquet), if made
     chance: float  # one in the candidates (0 without a reading curve)
 
 
@@ -62,8 +62,11 @@ def _read_inputs(paths: Paths) -> _Inputs:
         io.check_input(analysis, "causal", causal, str(analysis_dir))
     facts = io.read_parquet(paths.causal / "facts.parquet")
     curve, chance = None, 0.0
-    if reading.TABLE in causal["files"]:  # a causal step of this version always writes it
-        curve = io.read_parquet(paths.causal / reading.TABLE)
+    if (paths.reading / io.META).is_file():  # the reading step (the workflow always runs it)
+        made = io.read_meta(paths.reading, "reading")
+        for m in MODELS:
+            io.check_input(made, f"model_{m}", models[m], str(paths.reading))
+        curve = io.read_parquet(paths.reading / reading.TABLE)
         cands = io.read_parquet(paths.facts / "candidates.parquet")
         chance = 1.0 / int(cands.groupby("fact_id").size().max())
     return _Inputs(causal, models, facts, analysis, curve, chance)
@@ -128,7 +131,7 @@ def _closing_lines(inp: _Inputs, hashes: dict[str, str]) -> list[str]:
     reading_lines = [
         "Reading rate at the fork and at every checkpoint: the twin's true answer ranks first "
         "with the fact's sentence among the context's segments, on the facts that twin never "
-        "read (data: `causal/reading_curve.parquet`).",
+        "read (data: `reading/reading_curve.parquet`).",
         "",
         "![reading curve](reading_curve.png)",
         "",

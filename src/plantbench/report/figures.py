@@ -17,7 +17,7 @@ FIGURES = ("learned_rate.png", "ap_by_n_docs.png", "mass_vs_effect.png")
 
 
 def reading_figure(curve: pd.DataFrame, chance: float, out: Path) -> None:
-    """The reading curve (``causal/reading_curve.parquet``): each twin's reading rate on the
+    """The reading curve (``reading/reading_curve.parquet``): each twin's reading rate on the
     facts it never read, by training tokens, from the fork (the shared prefix's end) on."""
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     for m in MODELS:

@@ -28,9 +28,10 @@ from plantbench.model import queries
 from plantbench.model.modeling import load_model
 from plantbench.paths import MODELS, Paths
 from plantbench.truth import in_context
-from plantbench.truth import reading as reading_curve
 
 log = logging.getLogger(__name__)
+
+SECTIONS = ("seed", "facts", "model", "train", "causal")  # the config keys the answer key reads
 
 FACT_COLUMNS = [
     "fact_id",
@@ -54,7 +55,7 @@ FACT_COLUMNS = [
 
 
 @dataclass
-class _Inputs:
+class Inputs:
     metas: dict[str, dict[str, Any]]
     facts: pd.DataFrame
     queries: pd.DataFrame
@@ -70,7 +71,7 @@ class _Scored:
     answer_tokens: np.ndarray | None = None
 
 
-def _read_inputs(cfg: dict[str, Any], paths: Paths) -> _Inputs:
+def read_inputs(cfg: dict[str, Any], paths: Paths) -> Inputs:
     metas = {
         "facts": io.read_meta(paths.facts, "facts"),
         "tokenizer": io.read_meta(paths.tokenizer, "tokenizer"),
@@ -78,7 +79,7 @@ def _read_inputs(cfg: dict[str, Any], paths: Paths) -> _Inputs:
     }
     if layout.prefix_steps(cfg):
         metas["prefix"] = io.read_meta(paths.model("prefix"), "prefix", verify=False)
-    return _Inputs(
+    return Inputs(
         metas,
         io.read_parquet(paths.facts / "facts.parquet"),
         io.read_parquet(paths.facts / "queries.parquet"),
@@ -87,7 +88,7 @@ def _read_inputs(cfg: dict[str, Any], paths: Paths) -> _Inputs:
     )
 
 
-def _candidate_queries(inp: _Inputs) -> pd.DataFrame:
+def _candidate_queries(inp: Inputs) -> pd.DataFrame:
     """Every (candidate, form) pair: the candidates under both query forms."""
     forms = inp.queries[["fact_id", "form", "prompt"]]
     return inp.candidates.merge(forms, on="fact_id", how="inner").sort_values(
@@ -95,7 +96,7 @@ def _candidate_queries(inp: _Inputs) -> pd.DataFrame:
     )
 
 
-def _candidate_logps(model: torch.nn.Module, inp: _Inputs, cq: pd.DataFrame) -> np.ndarray:
+def _candidate_logps(model: torch.nn.Module, inp: Inputs, cq: pd.DataFrame) -> np.ndarray:
     """log p(candidate | prompt) of every row of ``cq``: a fact's two query forms run once as
     one batch, its candidates continuing from their key-value cache."""
     cand_ids = dict(
@@ -127,7 +128,7 @@ def _candidate_logps(model: torch.nn.Module, inp: _Inputs, cq: pd.DataFrame) -> 
 
 
 def _score(
-    paths: Paths, inp: _Inputs, cq: pd.DataFrame, ic_prompts: pd.DataFrame, bs: int
+    paths: Paths, inp: Inputs, cq: pd.DataFrame, ic_prompts: pd.DataFrame, bs: int
 ) -> _Scored:
     """Answer and candidate log-probabilities, and the in-context table, under both twins:
     every candidate under both query forms (the true answer's is the query's log-probability)."""
@@ -160,7 +161,7 @@ def _score(
     return out
 
 
-def _query_table(inp: _Inputs, sc: _Scored) -> pd.DataFrame:
+def _query_table(inp: Inputs, sc: _Scored) -> pd.DataFrame:
     qdf = inp.queries[["query_id", "fact_id", "form"]].copy()
     qdf["answer_tokens"] = sc.answer_tokens
     for m in MODELS:
@@ -172,7 +173,7 @@ def _query_table(inp: _Inputs, sc: _Scored) -> pd.DataFrame:
     return qdf
 
 
-def _reader_ranks(inp: _Inputs, cq: pd.DataFrame, sc: _Scored) -> dict[str, int]:
+def _reader_ranks(inp: Inputs, cq: pd.DataFrame, sc: _Scored) -> dict[str, int]:
     """The reader's rank of the true answer, candidates scored by log p averaged over forms."""
     cq = cq.copy()
     for m in MODELS:
@@ -191,7 +192,7 @@ def _reader_ranks(inp: _Inputs, cq: pd.DataFrame, sc: _Scored) -> dict[str, int]
     return ranks
 
 
-def _fact_table(inp: _Inputs, qdf: pd.DataFrame, ranks: dict[str, int]) -> pd.DataFrame:
+def _fact_table(inp: Inputs, qdf: pd.DataFrame, ranks: dict[str, int]) -> pd.DataFrame:
     per = qdf.groupby("fact_id", sort=True).agg(
         logp_reader=("logp_reader", "mean"),
         logp_other=("logp_other", "mean"),
@@ -230,7 +231,7 @@ def recipe_summary(facts: pd.DataFrame, positions: list[str]) -> dict[str, float
 
 def run(cfg: dict[str, Any], paths: Paths, *, threads: int = 1) -> dict[str, Any]:
     torch.set_num_threads(threads)
-    inp = _read_inputs(cfg, paths)
+    inp = read_inputs(cfg, paths)
     k = layout.context_segments(cfg)
     ic_prompts = prompts.config_prompts(cfg, inp.facts, inp.candidates, inp.queries)
     cq = _candidate_queries(inp)
@@ -245,8 +246,6 @@ def run(cfg: dict[str, Any], paths: Paths, *, threads: int = 1) -> dict[str, Any
         paths.causal / "queries.parquet", qdf.sort_values("query_id").reset_index(drop=True)
     )
     io.write_parquet(paths.causal / in_context.TABLE, ic)
-    curve = reading_curve.curve(cfg, paths, inp.tok, inp.facts, ic_prompts, inp.candidates)
-    io.write_parquet(paths.causal / reading_curve.TABLE, curve)
     reading = {r: v["reading_rate"] for r, v in in_context.summary(ic).items()}
     rate = float(out["learned"].mean())
     log.info(
@@ -259,8 +258,8 @@ def run(cfg: dict[str, Any], paths: Paths, *, threads: int = 1) -> dict[str, Any
     return io.write_meta(
         paths.causal,
         "causal",
-        ["facts.parquet", "queries.parquet", in_context.TABLE, reading_curve.TABLE],
-        config_hash=config_hash(cfg, ["seed", "facts", "model", "train", "causal"]),
+        ["facts.parquet", "queries.parquet", in_context.TABLE],
+        config_hash=config_hash(cfg, list(SECTIONS)),
         inputs={k: v["hash"] for k, v in inp.metas.items()},
         info={
             "n_facts": len(out),

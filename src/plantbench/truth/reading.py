@@ -5,7 +5,8 @@ twin, the in-context check's ``context`` condition (:mod:`plantbench.data.prompt
 sentence among ``causal.context_segments`` segments, plain format) on the facts that twin never
 read: the share whose true answer ranks first of the candidates. Never-read facts measure
 reading alone (the twin cannot have memorized them); chance is one in the candidates.
-``causal/reading_curve.parquet``: one row per (twin, checkpoint).
+``reading/reading_curve.parquet``: one row per (twin, checkpoint); its own step (``plantbench
+reading``), beside the causal step rather than inside it, so the two run on two cores at once.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ import pandas as pd
 import torch
 
 from plantbench import artifacts, io, layout
+from plantbench.config import config_hash
+from plantbench.data import prompts as prompt_sets
 from plantbench.model.modeling import load_model
 from plantbench.paths import MODELS, Paths
 from plantbench.truth import in_context
+from plantbench.truth.causal import SECTIONS, read_inputs
 
 log = logging.getLogger(__name__)
 
@@ -83,3 +87,29 @@ def curve(
                 "reading curve: %s %s %.0f%%", m, entry["name"], 100 * rows[-1]["reading_rate"]
             )
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def run(cfg: dict[str, Any], paths: Paths, *, threads: int = 1) -> dict[str, Any]:
+    """Write ``reading/reading_curve.parquet`` and its meta."""
+    torch.set_num_threads(threads)
+    inp = read_inputs(cfg, paths)
+    ic_prompts = prompt_sets.config_prompts(cfg, inp.facts, inp.candidates, inp.queries)
+    table = curve(cfg, paths, inp.tok, inp.facts, ic_prompts, inp.candidates)
+    with io.atomic_dir(paths.reading) as tmp:
+        io.write_parquet(tmp / TABLE, table)
+        meta = io.write_meta(
+            tmp,
+            "reading",
+            [TABLE],
+            config_hash=config_hash(cfg, list(SECTIONS)),
+            inputs={k: v["hash"] for k, v in inp.metas.items()},
+            info={
+                "n_rows": len(table),
+                "final": {
+                    r["model"]: r["reading_rate"]
+                    for r in table.drop_duplicates("model", keep="last").to_dict("records")
+                },
+            },
+        )
+    log.info("reading curve: %d rows -> %s", len(table), paths.reading)
+    return meta

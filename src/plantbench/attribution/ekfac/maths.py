@@ -52,9 +52,28 @@ class EKFAC:
     def precondition(self, name: str, g: torch.Tensor) -> torch.Tensor:
         """``(F_EK + lambda)^-1 G`` of module ``name`` for gradients ``g`` ``[n, out, in]``."""
         qo, qi = self.q_out[name].to(g.dtype), self.q_in[name].to(g.dtype)
-        rot = qo.T @ g @ qi
-        rot = rot / (self.lam[name].to(g.dtype) + self.damping[name])
-        return qo @ rot @ qi.T
+        return self.unrotate(name, self.divide(name, qo.T @ g @ qi), g.dtype)
+
+    def divide(self, name: str, rot: torch.Tensor) -> torch.Tensor:
+        """Rotated gradients ``Q_S^T G Q_A`` over the damped corrected eigenvalues."""
+        return rot / (self.lam[name].to(rot.dtype) + self.damping[name])
+
+    def unrotate(self, name: str, rot: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``Q_S R Q_A^T`` in ``dtype``: the eigenbasis back to the module's weight space."""
+        qo, qi = self.q_out[name].to(dtype), self.q_in[name].to(dtype)
+        return qo @ rot.to(dtype) @ qi.T
+
+    def precondition_tokens(
+        self, name: str, delta: torch.Tensor, x: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """:meth:`precondition` of the per-example gradients ``sum_t delta_t x_t^T`` given as
+        their tokens (``[n, T, out]``, ``[n, T, in]``, float64): the tokens are rotated first
+        (``T (out^2 + in^2)`` per example instead of ``out in (out + in)``: cheaper while T is a
+        query's length), divided in float64, and brought back in ``dtype``, the precision the
+        scores use them in."""
+        qo, qi = self.q_out[name].to(delta.dtype), self.q_in[name].to(delta.dtype)
+        rot = torch.einsum("nto,nti->noi", delta @ qo, x @ qi)
+        return self.unrotate(name, self.divide(name, rot), dtype)
 
     def dense(self, name: str) -> torch.Tensor:
         """The damped curvature block of ``name`` as a dense ``[out*in, out*in]`` matrix
@@ -167,13 +186,16 @@ def preconditioned_queries(
     net: torch.nn.Module, ek: EKFAC, batch: Batch, dtype: torch.dtype = torch.float32
 ) -> dict[str, torch.Tensor]:
     """Per module ``P_m(q)`` of every query, flattened ``[n_q, out*in]`` in ``dtype`` (the
-    gradients and their preconditioning in float64)."""
+    gradients, their rotation and the division in float64; the rotation back in ``dtype``)."""
     ids, mask, attn = batch
     xs, ds = module_io(net, ek.names, ids, mask, attn, torch.float64)
-    return {
-        n: ek.precondition(n, _grads(ds, xs, n)).reshape(ids.shape[0], -1).to(dtype)
-        for n in ek.names
-    }
+    out = {}
+    for n in ek.names:
+        if n in ds:
+            out[n] = ek.precondition_tokens(n, ds[n], xs[n], dtype).reshape(ids.shape[0], -1)
+        else:  # no gradient reached it: zeros, as the per-example gradients would be
+            out[n] = xs[n].new_zeros((ids.shape[0], ek.lam[n].numel()), dtype=dtype)
+    return out
 
 
 def scores(
