@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
@@ -48,6 +50,11 @@ def _holds_run(tmp: Path) -> dict:
 def _results_is_file(tmp: Path) -> dict:
     (tmp / "notes.txt").write_text("not a folder\n")
     return {"results": str(tmp / "notes.txt")}
+
+
+def _results_under_file(tmp: Path) -> dict:
+    (tmp / "notes.txt").write_text("not a folder\n")
+    return {"results": str(tmp / "notes.txt" / "results")}
 
 
 Setup = Callable[[Path], dict[str, Any]]
@@ -196,6 +203,12 @@ CASES: list[tuple[str, dict | Setup | str, str]] = [
         "'methods.plugins.0.name' = 'mine' is also in 'methods.enabled'",
     ),
     ("results-is-a-file", _results_is_file, "notes.txt' is a file; give a folder"),
+    ("results-under-a-file", _results_under_file, "notes.txt', which is a file, not a folder"),
+    (
+        "plugin-named-nan",
+        lambda t: _plugin(t, name="nan"),
+        "'methods.plugins.0.name' = 'nan' reads back from a csv table as a missing value",
+    ),
     ("results-inside-a-run", _nested_in_run, "is inside the results folder of another run"),
     ("results-holding-a-run", _holds_run, "holds the results folder of another run"),
 ]
@@ -335,3 +348,394 @@ def test_clean_results_keeps_the_committed_reference_and_readme(tmp_path):
         p.relative_to(tmp_path / "results").as_posix() for p in (tmp_path / "results").rglob("*")
     )
     assert left == ["README.md", "reference", "reference/default.json"]
+
+
+# ---- the last silent and raw failures: one line each (or a clean stop) ----------------------
+
+
+def _unreadable(tmp: Path, kind: str) -> Path:
+    if kind == "folder":
+        (tmp / "conf").mkdir()
+        return tmp / "conf"
+    if kind == "not-utf8":
+        (tmp / "latin.yaml").write_bytes("seed: 1 # caf\xe9\n".encode("latin-1"))
+        return tmp / "latin.yaml"
+    return tmp / "ghost.yaml"
+
+
+@pytest.mark.parametrize(
+    ("kind", "expect"),
+    [
+        ("folder", "conf' is a folder; pass the path of a YAML file"),
+        ("missing", "ghost.yaml' does not exist; pass an existing --configfile"),
+        ("not-utf8", "latin.yaml' is not UTF-8 text (byte 13); save it as UTF-8"),
+    ],
+)
+def test_an_unreadable_config_file_is_one_line(tmp_path, capsys, kind, expect):
+    bad = _unreadable(tmp_path, kind)
+    before = _snapshot(tmp_path)
+    assert main(["config", "-c", DEFAULT, "-c", str(bad)]) == 2
+    assert expect in _one_error_line(capsys.readouterr().err)
+    assert _snapshot(tmp_path) == before
+
+
+def test_the_snakefile_reads_config_files_as_the_cli_does(tmp_path):
+    """A key given twice in a --configfile is refused (Snakemake alone keeps the last)."""
+    from plantbench.config import from_snakemake
+    from plantbench.errors import ConfigError
+
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("train:\n  lr: 1.0e-3\n  lr: 4.0e-3\n")
+    merged = deep_merge(yaml.safe_load(Path(DEFAULT).read_text()), {"train": {"lr": 4.0e-3}})
+    with pytest.raises(ConfigError, match=r"dup.yaml' gives key 'lr' twice \(line 3\)"):
+        from_snakemake(merged, [DEFAULT, str(dup)], {})
+
+
+def test_snakemake_config_values_are_typed_as_yaml(tmp_path):
+    """``--config 'train={steps: 10}'``: Snakemake's parser leaves "10" a string; it is read as
+    the number a config file would give (and a real error names no quotes that were not there)."""
+    from plantbench.config import from_snakemake
+    from plantbench.errors import ConfigError
+
+    base = yaml.safe_load(Path(DEFAULT).read_text())
+    over = {"results": str(tmp_path / "r"), "train": {"steps": "6400"}}
+    cfg = from_snakemake(deep_merge(base, over), [DEFAULT], over)
+    assert cfg["train"]["steps"] == 6400
+    zero = {"results": str(tmp_path / "r"), "train": {"steps": "0"}}
+    with pytest.raises(ConfigError, match="'train.steps' = 0 is out of range") as err:
+        from_snakemake(deep_merge(base, zero), [DEFAULT], zero)
+    assert "quotes" not in str(err.value)
+
+
+def _snakemake_errors(tmp: Path, *args: str) -> list[str]:
+    """The error lines of a dry run of the smoke study with ``args`` (results inside ``tmp``)."""
+    import subprocess
+
+    snakemake = Path(sys.executable).parent / "snakemake"
+    cmd = [str(snakemake), "-n", "--configfile", SMOKE, *args]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp / "results").exists()
+    return [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
+
+
+def test_snakemake_refuses_a_duplicate_key_in_one_line(tmp_path):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text(f"results: '{tmp_path / 'results'}'\ntrain:\n  lr: 1.0e-3\n  lr: 4.0e-3\n")
+    assert _snakemake_errors(tmp_path, str(dup)) == [
+        f"plantbench: config error: config file '{dup}' gives key 'lr' twice (line 4); "
+        "keep only one of them"
+    ]
+
+
+def test_snakemake_types_a_nested_config_value(tmp_path):
+    over = ["--config", "train={steps: 0}", f"results={tmp_path / 'results'}"]
+    assert _snakemake_errors(tmp_path, *over) == [
+        "plantbench: config error: config key 'train.steps' = 0 is out of range; it must be >= 1"
+    ]
+
+
+THREADED_STEPS = ["prefix", "pretrain", "grads", "score", "causal", "bench", "membership-detect"]
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "two"])
+@pytest.mark.parametrize("step", THREADED_STEPS)
+def test_threads_is_range_checked_by_every_step(capsys, step, value):
+    from plantbench.cli import THREADED
+
+    assert set(THREADED_STEPS) <= set(THREADED)
+    with pytest.raises(SystemExit) as stop:
+        main([step, "--threads", value, "--model", "A"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "argument --threads:" in err[-1] and "give 1 or more" in err[-1], err
+    assert "Traceback" not in "\n".join(err)
+
+
+def test_every_threaded_step_checks_threads():
+    from plantbench.cli import THREADED, build_parser
+
+    sub = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    for step in THREADED:
+        action = next(a for a in sub[step]._actions if "--threads" in a.option_strings)
+        with pytest.raises(Exception, match="out of range"):
+            action.type("-1")
+
+
+def test_verify_out_through_a_file_names_the_cause(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("x\n")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"results": str(tmp_path / "results")}))
+    assert main(["config", "-c", DEFAULT, "-c", str(tmp_path / "c.yaml")]) == 0
+    cfg = str(tmp_path / "results" / "config.json")
+    capsys.readouterr()
+    assert main(["verify", "-c", cfg, "--out", str(tmp_path / "notes.txt" / "checks.txt")]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "notes.txt' while running 'verify'; it is a file where a folder belongs" in line, line
+    assert "free disk space" not in line
+
+
+# ---- every corpus source is accounted for ----------------------------------------------------
+
+
+def _two_sources(tmp: Path, **second: Any) -> dict[str, Any]:
+    big = _tiny_corpus(tmp / "first.txt")
+    other = tmp / "second.txt"
+    other.write_text("\n\n".join(f"reed {i} " * 40 for i in range(20)) + "\n")
+    return {
+        "results": str(tmp / "results"),
+        "corpus": {
+            "sources": [
+                {"kind": "text", "path": str(big)},
+                {"kind": "text", "path": str(other), **second},
+            ],
+            "max_doc_chars": 400,
+            "max_bytes": big.stat().st_size // 2,
+        },
+        "methods": {"plugins": []},
+    }
+
+
+def test_a_source_that_contributes_nothing_is_a_warning(tmp_path, capsys):
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(_two_sources(tmp_path)))
+    assert main(["config", "-c", DEFAULT, "-c", SMOKE, "-c", str(tmp_path / "c.yaml")]) == 0
+    capsys.readouterr()
+    assert main(["corpus", "-c", str(tmp_path / "results" / "config.json")]) == 0
+    warnings = [
+        ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("plantbench: warning:")
+    ]
+    assert len(warnings) == 1, warnings
+    assert "corpus.sources.1 (text" in warnings[0]
+    assert "contributes no documents: corpus.max_bytes" in warnings[0]
+    info = json.loads((tmp_path / "results" / "corpus" / "meta.json").read_text())["info"]
+    assert [s["docs"] > 0 for s in info["sources"]] == [True, False]
+    assert info["warnings"] == [warnings[0].removeprefix("plantbench: warning: ")]
+
+
+def test_a_required_source_that_contributes_nothing_stops_the_corpus(tmp_path, capsys):
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(_two_sources(tmp_path, required=True)))
+    assert main(["config", "-c", DEFAULT, "-c", SMOKE, "-c", str(tmp_path / "c.yaml")]) == 0
+    capsys.readouterr()
+    assert main(["corpus", "-c", str(tmp_path / "results" / "config.json")]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "contributes no documents" in line and "required" in line
+    assert not (tmp_path / "results" / "corpus").exists()
+
+
+# ---- batch checks what it reads --------------------------------------------------------------
+
+
+def test_batch_refuses_a_manifest_with_a_deleted_row(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cfg = _tiny_study(tmp_path, max_background_passes=1000)
+    for step in ("facts", "corpus", "tokenizer", "stream"):
+        assert main([step, "-c", cfg]) == 0, step
+    manifest = tmp_path / "results" / "stream" / "A" / "manifest.parquet"
+    table = pq.read_table(manifest)
+    pq.write_table(pa.concat_tables([table.slice(0, 10), table.slice(11)]), manifest)
+    capsys.readouterr()
+    assert main(["batch", "-c", cfg, "--model", "A", "--step", "1"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "manifest.parquet' does not match its recorded hash" in line, line
+    assert capsys.readouterr().out == ""
+
+
+# ---- one error boundary around plug-ins ------------------------------------------------------
+
+TILE = (np.arange(4, 6), np.arange(10, 13))
+
+
+def _loaded(tmp: Path, name: str, text: str):
+    from plantbench.attribution.methods import registry
+
+    (tmp / f"{name}.py").write_text(text)
+    return registry.load_plugin(name, tmp / f"{name}.py")
+
+
+def test_a_plugin_needs_string_is_refused_on_load_not_split(tmp_path):
+    from plantbench.errors import ConfigError
+
+    text = f'NEEDS = "grads"\n{SCORE}'
+    with pytest.raises(ConfigError, match=r"sets NEEDS = 'grads'; write NEEDS = \['grads'\]"):
+        _loaded(tmp_path, "needs_str", text)
+
+
+def test_a_plugin_description_must_be_text(tmp_path):
+    from plantbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="sets DESCRIPTION = 3; make DESCRIPTION one line"):
+        _loaded(tmp_path, "desc_int", f"DESCRIPTION = 3\n{SCORE}")
+
+
+def test_a_plugin_returning_strings_is_one_line(tmp_path):
+    from plantbench.errors import PlantbenchError
+
+    text = "def score(ctx, q, p):\n    return [['a'] * len(p) for _ in q]\n"
+    m = _loaded(tmp_path, "strings", text)
+    with pytest.raises(PlantbenchError) as err:
+        m.score(None, *TILE)
+    msg = str(err.value)
+    assert "plug-in 'strings'" in msg and "query rows 4-5 x pool rows 10-12" in msg
+    assert "returned list that is not numbers; make score() return a [2, 3] array" in msg
+    assert "\n" not in msg
+
+
+def test_a_plugin_that_raises_is_one_line_naming_it(tmp_path):
+    from plantbench.errors import PlantbenchError
+
+    text = "def score(ctx, q, p):\n    raise KeyError('embedding')\n"
+    m = _loaded(tmp_path, "raiser", text)
+    with pytest.raises(PlantbenchError) as err:
+        m.score(None, *TILE)
+    msg = str(err.value)
+    assert msg.startswith("plug-in 'raiser' (") and "query rows 4-5 x pool rows 10-12" in msg
+    assert "raised KeyError: 'embedding'; fix score() in" in msg and "\n" not in msg
+
+
+# ---- the audit server is bounded --------------------------------------------------------------
+
+
+class _EchoAuditor:
+    """What app() needs of an auditor; audit() checks its text as the real one does."""
+
+    probe = {"model": "A"}
+    layers = [1]
+    window = 8
+
+    def audit(self, context: str, query: str) -> dict[str, Any]:
+        from plantbench.suites.membership.serve import scalar_text
+
+        scalar_text("context", context)
+        scalar_text("query", query)
+        return {"tokens": len(context)}
+
+
+def test_the_audit_server_refuses_a_lone_surrogate_with_422():
+    from fastapi.testclient import TestClient
+
+    from plantbench.suites.membership.serve import app
+
+    client = TestClient(app(_EchoAuditor()))  # type: ignore[arg-type]
+    body = '{"context": "ok \\ud800 there", "query": "Who?"}'
+    r = client.post("/audit", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert "U+D800 at character 3, a lone surrogate" in r.json()["detail"]
+
+
+def test_the_audit_server_refuses_a_request_over_its_size_limit():
+    from fastapi.testclient import TestClient
+
+    from plantbench.suites.membership.serve import app
+
+    client = TestClient(app(_EchoAuditor(), max_bytes=1000))  # type: ignore[arg-type]
+    assert client.post("/audit", json={"context": "x" * 900, "query": "q"}).status_code == 200
+    r = client.post("/audit", json={"context": "x" * 2000, "query": "q"})
+    assert r.status_code == 413
+    assert "larger than 1000 bytes (membership.max_request_bytes)" in r.json()["detail"]
+
+    def chunks():  # no Content-Length: the limit holds as the body streams in
+        yield b'{"context": "'
+        for _ in range(10):
+            yield b"x" * 200
+        yield b'", "query": "q"}'
+
+    r = client.post("/audit", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_the_request_limit_is_a_config_key(tmp_path):
+    from plantbench.config import load
+    from plantbench.suites.membership.serve import MAX_REQUEST_BYTES, max_request_bytes
+
+    over = tmp_path / "o.yaml"
+    over.write_text(yaml.safe_dump({"results": str(tmp_path / "r")}))
+    assert max_request_bytes(load([DEFAULT, over])) == MAX_REQUEST_BYTES
+    over.write_text(
+        yaml.safe_dump({"results": str(tmp_path / "r"), "membership": {"max_request_bytes": 5}})
+    )
+    assert max_request_bytes(load([DEFAULT, over])) == 5
+
+
+# ---- a job dies whole --------------------------------------------------------------------------
+
+WORKER = """
+import os, pathlib, sys, time
+from plantbench.process import die_with_parent
+die_with_parent()
+out = pathlib.Path(sys.argv[1])
+(out.parent / "pid").write_text(str(os.getpid()))
+while not (out.parent / "never").exists():
+    time.sleep(0.05)  # a long step: it would write its meta.json when it ends
+out.write_text("written after the job ended")
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie awaiting its reaper has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _wait_for_end(pid: int, seconds: float) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_sigterm_to_the_job_wrapper_ends_the_step_before_it_writes(tmp_path):
+    """Snakemake runs a rule as `bash -c '<command>'`; SIGTERM to that wrapper (a cluster's
+    scancel of the job step) ends the Python step under it, which writes nothing afterwards."""
+    import signal
+    import subprocess
+    import time
+
+    (tmp_path / "w.py").write_text(WORKER)
+    out = tmp_path / "meta.json"
+    wrapper = subprocess.Popen(
+        ["bash", "-c", f'"{sys.executable}" "{tmp_path / "w.py"}" "{out}"; echo done'],
+    )
+    while not (tmp_path / "pid").exists():
+        assert wrapper.poll() is None
+        time.sleep(0.05)
+    pid = int((tmp_path / "pid").read_text())
+    wrapper.send_signal(signal.SIGTERM)
+    wrapper.wait()
+    _wait_for_end(pid, 30)  # the step ends with its wrapper
+    (tmp_path / "never").write_text("")  # an orphan would now go on to write and end
+    _wait_for_end(pid, 30)
+    assert not out.exists()
+
+
+def test_the_cli_dies_with_its_parent_when_run_as_a_process(monkeypatch, capsys):
+    from plantbench import process
+
+    calls: list[int] = []
+    monkeypatch.setattr(process, "die_with_parent", lambda: bool(calls.append(1)) or True)
+    monkeypatch.setattr(sys, "argv", ["plantbench", "config", "--json", "[1]"])
+    assert main() == 2  # the command line of a process of its own
+    assert calls == [1]
+    assert main(["config", "--json", "[1]"]) == 2  # a call from Python: left alone
+    assert calls == [1]
+
+
+def test_the_report_lists_the_data_steps_warnings(tmp_path):
+    from plantbench.paths import Paths
+    from plantbench.report.build import warning_lines
+
+    paths = Paths({"results": str(tmp_path)})
+    assert warning_lines(paths) == []  # no warnings: no section (the default report unchanged)
+    (tmp_path / "corpus").mkdir()
+    meta = {"stage": "corpus", "info": {"warnings": ["corpus.sources.1 (text) contributes no"]}}
+    (tmp_path / "corpus" / "meta.json").write_text(json.dumps(meta))
+    assert warning_lines(paths) == [
+        "## Warnings",
+        "",
+        "- corpus: corpus.sources.1 (text) contributes no",
+        "",
+    ]

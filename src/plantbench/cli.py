@@ -13,7 +13,13 @@ from typing import Any
 
 from plantbench import __version__, layout
 from plantbench import config as config_mod
-from plantbench.errors import EXIT_PREEMPTED, ConfigError, PlantbenchError, Preempted
+from plantbench.errors import (
+    EXIT_PREEMPTED,
+    ConfigError,
+    PlantbenchError,
+    Preempted,
+    describe_os_error,
+)
 from plantbench.paths import MODELS, Paths
 
 log = logging.getLogger("plantbench")
@@ -94,7 +100,7 @@ def cmd_batch(args: argparse.Namespace) -> None:
 
     cfg = _load_cfg(args)
     p = Paths(cfg)
-    s = stream.open_stream(p.stream(args.model), verify=False)
+    s = stream.open_stream(p.stream(args.model))  # checked, like every reader
     tok = tokenizer.load(p.tokenizer)
     print(stream.format_batch(s, args.step, tok))
 
@@ -452,7 +458,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     cfg = _load_cfg(args)
     auditor = serve.load(Paths(cfg), args.model)
     print(f"serve: twin {args.model} on http://{args.host}:{args.port}/ (POST /audit)")
-    uvicorn.run(serve.app(auditor), host=args.host, port=args.port, log_level="info")
+    api = serve.app(auditor, max_bytes=serve.max_request_bytes(cfg))
+    uvicorn.run(api, host=args.host, port=args.port, log_level="info")
 
 
 # the subcommands whose work runs on CPU threads (torch or BLAS): only they take --threads,
@@ -495,6 +502,19 @@ PER_MODEL = (
 PER_REPLICATE = (*PER_MODEL, "stream", "prefix", "embed-shared", "causal", "reading", "analysis")
 
 
+def _threads(text: str) -> int:
+    """``--threads``: a whole number of at least 1 (argparse prints the refusal as one line)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not a whole number; give 1 or more"
+        ) from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is out of range; give 1 or more")
+    return n
+
+
 def _add_common(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument(
         "-c",
@@ -505,7 +525,11 @@ def _add_common(p: argparse.ArgumentParser, name: str) -> None:
     )
     if name in THREADED:
         p.add_argument(
-            "--threads", type=int, default=None, metavar="N", help="CPU threads for this step"
+            "--threads",
+            type=_threads,
+            default=None,
+            metavar="N",
+            help="CPU threads for this step (1 or more)",
         )
     if name in PER_MODEL:
         p.add_argument("--model", required=True, choices=MODELS, help="which twin: A or B")
@@ -716,6 +740,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if argv is None:  # a process of its own (not a call from Python): it dies with its job
+        from plantbench.process import die_with_parent
+
+        die_with_parent()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
@@ -730,12 +758,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plantbench: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # disk full, permission denied, ...: no traceback, no partial file
-        where = f" '{exc.filename}'" if exc.filename else ""
-        print(
-            f"plantbench: error: {exc.strerror or exc}{where} while running '{args.command}'; "
-            "free disk space or fix permissions and rerun",
-            file=sys.stderr,
-        )
+        print(f"plantbench: error: {describe_os_error(exc, args.command)}", file=sys.stderr)
         return 2
     return 0
 

@@ -339,6 +339,13 @@ def _check_haystack(a: dict[str, Any]) -> None:
         )
 
 
+# names a csv reader (pandas' defaults) takes for a missing value: no method may be called one
+CSV_MISSING = frozenset(
+    {"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN"}
+    | {"<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"}
+)
+
+
 def _check_methods(methods: dict[str, Any]) -> None:
     enabled, plugins = list(methods["enabled"]), list(methods["plugins"])
     if not enabled and not plugins:
@@ -353,6 +360,11 @@ def _check_methods(methods: dict[str, Any]) -> None:
             raise ConfigError(
                 f"config key '{key}.name' = '{name}' is used by another plug-in; "
                 "give every plug-in its own name"
+            )
+        if name in CSV_MISSING:
+            raise ConfigError(
+                f"config key '{key}.name' = '{name}' reads back from a csv table as a missing "
+                "value; give the plug-in another name"
             )
         if name in builtin_methods():
             raise ConfigError(
@@ -480,6 +492,12 @@ def check_results_location(results: str | Path) -> None:
     below it. The repository's
     own ``results/`` (README.md and reference/ only) is not a run."""
     root = Path(results).expanduser().resolve()
+    blocker = next((p for p in root.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ConfigError(
+            f"config key 'results' = '{results}' lies under '{_shown(blocker)}', which is a file, "
+            "not a folder; choose a results folder whose parents are folders"
+        )
     if root.exists() and not root.is_dir():
         raise ConfigError(
             f"config key 'results' = '{results}' is a file; give a folder for the outputs"
@@ -517,9 +535,28 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _read_yaml(path: Path) -> Any:
+def _file_text(path: Path) -> str:
+    """The text of the config file ``path``, or one line saying why it cannot be read."""
+    if path.is_dir():
+        raise ConfigError(f"config file '{path}' is a folder; pass the path of a YAML file")
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist; pass an existing --configfile")
     try:
-        return yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file '{path}' is not UTF-8 text (byte {exc.start}); save it as UTF-8"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            f"config file '{path}' cannot be read ({exc.strerror}); fix its permissions"
+        ) from None
+
+
+def _read_yaml(path: Path) -> Any:
+    text = _file_text(path)
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except _DuplicateKey as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark is not None else "?"
         raise ConfigError(
@@ -532,23 +569,54 @@ def load(paths: list[str | Path], overrides: Mapping[str, Any] | None = None) ->
     """Read YAML/JSON config files in order (later ones deep-merge over earlier) and validate."""
     cfg: dict[str, Any] = {}
     for p in paths:
-        path = Path(p)
-        if not path.is_file():
-            raise ConfigError(f"config file '{path}' does not exist; pass an existing --configfile")
-        try:
-            data = _read_yaml(path) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(
-                f"config file '{path}' is not valid YAML: {exc}".splitlines()[0]
-            ) from None
-        if not isinstance(data, dict):
-            raise ConfigError(
-                f"config file '{path}' must hold a mapping of keys, not {type(data).__name__}"
-            )
-        cfg = deep_merge(cfg, data)
+        cfg = deep_merge(cfg, read_file(p))
     if overrides:
         cfg = deep_merge(cfg, overrides)
     return validate(cfg)
+
+
+def read_file(p: str | Path) -> dict[str, Any]:
+    """One config file as a mapping: the CLI's and the Snakefile's reader (a folder, a missing
+    file, non-UTF-8 text, invalid YAML, a key given twice or a non-mapping is one line)."""
+    path = Path(p)
+    try:
+        data = _read_yaml(path) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(
+            f"config file '{path}' is not valid YAML: {exc}".splitlines()[0]
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"config file '{path}' must hold a mapping of keys, not {type(data).__name__}"
+        )
+    return data
+
+
+def _retyped(value: Any, raw: Any) -> Any:
+    """``value`` with every string that Snakemake's ``--config`` parser left untyped (it reads
+    ``key={a: 10}`` with YAML's base loader: all strings) read as YAML, as a config file would."""
+    if isinstance(value, dict) and isinstance(raw, Mapping):
+        return {k: _retyped(v, raw.get(k)) for k, v in value.items()}
+    if isinstance(value, list) and isinstance(raw, list) and len(value) == len(raw):
+        return [_retyped(v, r) for v, r in zip(value, raw, strict=True)]
+    if isinstance(value, str) and value == raw:
+        try:
+            return yaml.safe_load(value) if value.strip() else value
+        except yaml.YAMLError:
+            return value
+    return value
+
+
+def from_snakemake(
+    config: Mapping[str, Any], files: list[str | Path], cli: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The Snakefile's config, read as the CLI reads it: every config file through
+    :func:`read_file` (a key given twice is refused, not the last one kept), the values of
+    ``--config key={a: 10}`` typed as YAML, then :func:`validate`."""
+    for f in files:
+        read_file(f)
+    typed = {k: _retyped(v, cli[k]) if k in cli else v for k, v in config.items()}
+    return validate(typed)
 
 
 def canonical_json(obj: Any) -> str:

@@ -15,7 +15,11 @@ import plantbench.replicates as _pbrep
 import plantbench.runconfig as _pbrun
 
 try:
-    config = _pbconfig.validate(config)
+    # read as the CLI reads it (plantbench.config.from_snakemake): duplicate keys refused,
+    # --config values typed as YAML
+    config = _pbconfig.from_snakemake(
+        config, workflow.configfiles, workflow.config_settings.config
+    )
 except _pberrors.ConfigError as _exc:
     # one line, no traceback: SystemExit passes through Snakemake's error printing; nothing has
     # been written yet (the run config is written by onstart, after the lock)

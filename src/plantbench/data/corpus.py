@@ -39,7 +39,11 @@ single over-long line is cut at a space); pieces shorter than ``min_doc_chars`` 
 exact duplicates (xxh3-128 of the normalised text) are dropped, keeping the first.
 Collection stops at the first document that would take the total past ``max_bytes`` UTF-8
 bytes (``0`` = no limit); sources are read in config order, files in sorted order, so the
-result is deterministic.
+result is deterministic. ``max_bytes`` is shared in config order: a later source gets what the
+earlier ones left. Every source is accounted for in the meta's ``info.sources`` (documents and
+bytes); one that contributes nothing, or less than its optional ``min_share`` of the corpus
+bytes, is a warning (stderr, ``info.warnings`` and the report), or an error when the source
+says ``required: true``.
 
 Split: a document is ``heldout`` when ``derive_seed(seed, "corpus-split", text_hash)`` falls
 below ``heldout_fraction`` of the seed range. The rule looks at the document alone, so adding
@@ -558,6 +562,7 @@ class _SourceStats:
             "dropped_binary": self.dropped_binary,
             "dropped_duplicate": self.dropped_duplicate,
             "complete": self.complete,
+            "reached": self.reached,
         }
 
 
@@ -645,11 +650,48 @@ class _Collection:
             info[f"n_{name}"] = self.counts[name]
             info[f"{name}_bytes"] = self.nbytes[name]
         info["max_bytes_reached"] = self.full
-        info["sources"] = [s.as_dict() for s in self.stats if s.reached]
+        info["sources"] = [s.as_dict() for s in self.stats]  # every source, reached or not
         if any(s["kind"] == "stdlib" for s in self.sources):
             info["python_version"] = ".".join(str(v) for v in sys.version_info[:3])
             info["stdlib_files_skipped"] = self.skipped.files
         return info
+
+
+def _shortfall(st: _SourceStats, src: dict[str, Any], total: int, max_bytes: int) -> str | None:
+    """Why source ``st`` contributed nothing or less than its ``min_share`` of the corpus bytes
+    (None when it contributed what it should)."""
+    share, wanted = (st.bytes / total if total else 0.0), float(src.get("min_share", 0.0))
+    if st.docs and share >= wanted:
+        return None
+    where = f"corpus.sources.{st.index} ({st.kind}{f' {st.path!r}' if st.path else ''})"
+    got = "no documents" if not st.docs else f"{100 * share:.1f}% of the corpus bytes"
+    need = f", less than its min_share = {wanted}" if st.docs else ""
+    why = (
+        f": corpus.max_bytes = {max_bytes} was reached before it (sources share max_bytes in "
+        "config order)"
+        if max_bytes and not st.complete
+        else ""
+    )
+    return (
+        f"{where} contributes {got}{need}{why}; raise corpus.max_bytes, list the source earlier "
+        "or remove it"
+    )
+
+
+def source_warnings(cfg: dict[str, Any], col: _Collection) -> list[str]:
+    """One line per source that contributed nothing or less than its ``min_share``; raises
+    for one marked ``required: true`` (see the module doc)."""
+    c = cfg["corpus"]
+    lines = []
+    for st, src in zip(col.stats, col.sources, strict=True):
+        line = _shortfall(st, src, col.total, int(c["max_bytes"]))
+        if line is not None and src.get("required", False):
+            raise PlantbenchError(
+                f"corpus: {line} (it is required: corpus.sources.{st.index}.required is true)"
+            )
+        if line is not None:
+            lines.append(line)
+    return lines
 
 
 # A corpus row without its doc_id: (source, kind, text, split).
@@ -793,6 +835,7 @@ def run(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
             for row in _documents(cfg, col):
                 writer.add(row)
             col.check(float(cfg["corpus"]["heldout_fraction"]))
+            warned = source_warnings(cfg, col)
             writer.flush()
             (out_dir / META).unlink(missing_ok=True)  # a stale meta must never describe new files
     except BaseException:
@@ -800,12 +843,17 @@ def run(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
             out_dir.rmdir()  # a failed first run leaves nothing behind
         raise
     _log_done(col, t0)
+    info = col.info()
+    for line in warned:
+        print(f"plantbench: warning: {line}", file=sys.stderr, flush=True)
+    if warned:
+        info["warnings"] = warned
     return write_meta(
         out_dir,
         "corpus",
         [CORPUS_FILE],
         config_hash=config_hash(cfg, ["seed", "corpus"]),
-        info=col.info(),
+        info=info,
     )
 
 

@@ -126,6 +126,17 @@ def _learned_lines(inp: _Inputs) -> list[str]:
     ]
 
 
+def warning_lines(paths: Paths) -> list[str]:
+    """A section listing the data steps' warnings (a corpus source that contributed nothing, a
+    vocabulary smaller than asked), none when there are none."""
+    found = [
+        f"- {stage}: {line}"
+        for stage in ("corpus", "tokenizer")
+        for line in (io.peek_meta(getattr(paths, stage)) or {}).get("info", {}).get("warnings", [])
+    ]
+    return ["## Warnings", "", *found, ""] if found else []
+
+
 def _closing_lines(inp: _Inputs, hashes: dict[str, str]) -> list[str]:
     info = {m: inp.models[m]["info"] for m in MODELS}
     reading_lines = [
@@ -176,6 +187,7 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
         sections.in_context_section(paths, inp.causal),
         graded,
         *[s.text for s in optional if s.text],
+        *warning_lines(paths),
         *_closing_lines(inp, _hashes(cfg, paths, inp)),
     ]
     inputs = {

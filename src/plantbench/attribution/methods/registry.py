@@ -50,7 +50,7 @@ import numpy as np
 
 from plantbench import layout
 from plantbench.config import builtin_methods
-from plantbench.errors import ConfigError
+from plantbench.errors import ConfigError, PlantbenchError
 
 ScoreFn = Callable[[Any, np.ndarray, np.ndarray], np.ndarray]
 
@@ -148,14 +148,72 @@ def load_plugin(name: str, path: str | Path) -> Method:
         )
     m = Method(
         name,
-        str(getattr(module, "DESCRIPTION", f"plug-in {p.name}")).splitlines()[0],
-        fn,
-        tuple(getattr(module, "NEEDS", ())),
-        str(getattr(module, "SCALE", "")),
+        _text_declaration(module, "DESCRIPTION", f"plug-in {p.name}", name, p),
+        _guarded(name, p, fn),
+        _needs_declaration(module, name, p),
+        _text_declaration(module, "SCALE", "", name, p),
         source=source,
     )
     _add(m, where=f"{name} ({p})")
     return m
+
+
+def _text_declaration(module: Any, attr: str, default: str, name: str, p: Path) -> str:
+    """A plug-in's ``DESCRIPTION`` or ``SCALE``: a string (its first line is kept)."""
+    value = getattr(module, attr, default)
+    if not isinstance(value, str):
+        raise ConfigError(
+            f"methods.plugins: plug-in '{name}' ('{p}') sets {attr} = {value!r}; "
+            f"make {attr} one line of text (a str)"
+        )
+    return (value.splitlines() or [""])[0]
+
+
+def _needs_declaration(module: Any, name: str, p: Path) -> tuple[str, ...]:
+    """A plug-in's ``NEEDS``: a list or tuple of feature names from :data:`FEATURES` (a bare
+    string is refused, not split into letters)."""
+    value = getattr(module, "NEEDS", ())
+    ok = isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+    if not ok:
+        hint = f"[{value!r}]" if isinstance(value, str) else "a list of feature names"
+        raise ConfigError(
+            f"methods.plugins: plug-in '{name}' ('{p}') sets NEEDS = {value!r}; write NEEDS = "
+            f"{hint} (known: {', '.join(FEATURES)})"
+        )
+    return tuple(value)
+
+
+def _tile(rows: np.ndarray) -> str:
+    return f"{int(rows[0])}-{int(rows[-1])}" if len(rows) else "none"
+
+
+def _guarded(name: str, p: Path, fn: ScoreFn) -> ScoreFn:
+    """``fn`` behind the plug-in boundary: an exception or a return that is not numbers becomes
+    one line naming the plug-in, the query tile and the fix."""
+
+    def score(ctx: Any, query_rows: np.ndarray, pool_rows: np.ndarray) -> np.ndarray:
+        where = (
+            f"plug-in '{name}' ('{p}') on the tile of query rows {_tile(query_rows)} x "
+            f"pool rows {_tile(pool_rows)}"
+        )
+        try:
+            out = fn(ctx, query_rows, pool_rows)
+        except PlantbenchError:
+            raise
+        except Exception as exc:
+            said = (str(exc).splitlines() or [""])[0]
+            raise PlantbenchError(
+                f"{where} raised {type(exc).__name__}: {said}; fix score() in '{p}' and rerun"
+            ) from None
+        try:
+            return np.asarray(out, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise PlantbenchError(
+                f"{where} returned {type(out).__name__} that is not numbers; make score() return "
+                f"a [{len(query_rows)}, {len(pool_rows)}] array of floats"
+            ) from None
+
+    return score
 
 
 def load_plugins(cfg: dict[str, Any]) -> list[Method]:

@@ -39,6 +39,8 @@ class Auditor:
         self.coef, self.intercept = np.array(probe["coef"]), float(probe["intercept"])
 
     def prompts(self, context: str, query: str) -> tuple[list[int], list[int]]:
+        scalar_text("context", context)
+        scalar_text("query", query)
         if not context.strip():
             raise AuditError("the context is empty: give the document to audit")
         if not query.strip():
@@ -72,8 +74,83 @@ class Auditor:
         }
 
 
-def app(auditor: Auditor) -> Any:
-    """The FastAPI application around one auditor."""
+def scalar_text(field: str, text: str) -> None:
+    """Refuse text that is not a sequence of Unicode scalar values (JSON can carry a lone
+    surrogate such as ``"\\ud800"``, which has no UTF-8 form)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise AuditError(
+            f"the {field} holds U+{ord(text[exc.start]):04X} at character {exc.start}, a lone "
+            "surrogate that is not a Unicode scalar value; send valid UTF-8 text"
+        ) from None
+
+
+# membership.max_request_bytes: the largest request body the server reads (a context longer than
+# the twin's window is refused anyway; this bounds the memory and time spent before that)
+MAX_REQUEST_BYTES = 1_000_000
+
+
+def max_request_bytes(cfg: dict[str, Any]) -> int:
+    """``membership.max_request_bytes`` (default :data:`MAX_REQUEST_BYTES`)."""
+    return int((cfg.get("membership") or {}).get("max_request_bytes", MAX_REQUEST_BYTES))
+
+
+class BodyLimit:
+    """ASGI middleware: the request body is read here, at most ``limit`` bytes of it; a larger
+    one (by its Content-Length or as it streams in) is answered with HTTP 413 before the
+    endpoint sees it."""
+
+    def __init__(self, inner: Any, limit: int):
+        self.inner, self.limit = inner, limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.inner(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            await self._refuse(send)
+            return
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                await self.inner(scope, receive, send)
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                await self._refuse(send)
+                return
+            more = bool(message.get("more_body"))
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.inner(scope, replay, send)
+
+    async def _refuse(self, send: Any) -> None:
+        detail = (
+            f"the request is larger than {self.limit} bytes (membership.max_request_bytes); "
+            "send a shorter context"
+        )
+        body = json.dumps({"detail": detail}).encode()
+        start: dict[str, Any] = {"type": "http.response.start", "status": 413}
+        start["headers"] = [(b"content-type", b"application/json")]
+        await send(start)
+        await send({"type": "http.response.body", "body": body})
+
+
+def app(auditor: Auditor, max_bytes: int = MAX_REQUEST_BYTES) -> Any:
+    """The FastAPI application around one auditor, reading request bodies of at most
+    ``max_bytes`` bytes."""
     from fastapi import FastAPI, HTTPException
     from fastapi.responses import HTMLResponse
     from pydantic import BaseModel
@@ -99,7 +176,7 @@ def app(auditor: Auditor) -> Any:
     def dashboard() -> str:
         return DASHBOARD
 
-    return api
+    return BodyLimit(api, max_bytes)
 
 
 def load(paths: Any, model_name: str) -> Auditor:
