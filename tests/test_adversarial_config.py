@@ -435,6 +435,68 @@ def test_snakemake_types_a_nested_config_value(tmp_path):
     ]
 
 
+def _snakemake_args_error(tmp: Path, *args: str) -> str:
+    """The one stderr line of ``snakemake -n *args``, refused while Snakemake parses its command
+    line (by the workflow profile), before the Snakefile runs; nothing written."""
+    import subprocess
+
+    snakemake = Path(sys.executable).parent / "snakemake"
+    before = _snapshot(tmp)
+    proc = subprocess.run([str(snakemake), "-n", *args], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert _snapshot(tmp) == before and not (tmp / "results").exists()
+    lines = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_snakemake_refuses_a_dotted_config_key_in_one_line(tmp_path):
+    assert _snakemake_args_error(
+        tmp_path, "--config", "train.steps=10", f"results={tmp_path / 'results'}"
+    ) == (
+        "plantbench: config error: --config train.steps=10 names a nested key, but Snakemake's "
+        "--config takes top-level keys only; write --config 'train={steps: 10}' or set it in a "
+        "--configfile"
+    )
+
+
+def test_snakemake_refuses_a_config_folder_in_one_line(tmp_path):
+    (tmp_path / "conf").mkdir()
+    assert _snakemake_args_error(tmp_path, "--configfile", str(tmp_path / "conf")) == (
+        f"plantbench: config error: config file '{tmp_path / 'conf'}' is a folder; pass the path "
+        "of a YAML file"
+    )
+
+
+def test_snakemake_refuses_a_missing_config_file_in_one_line(tmp_path):
+    assert _snakemake_args_error(tmp_path, "--configfile", str(tmp_path / "ghost.yaml")) == (
+        f"plantbench: config error: config file '{tmp_path / 'ghost.yaml'}' does not exist; "
+        "pass an existing --configfile"
+    )
+
+
+@pytest.mark.parametrize(
+    ("entries", "expect"),
+    [
+        (["results=r", "train={steps: 10}"], None),
+        (["model.n_layer=4"], "write --config 'model={n_layer: 4}' or set it in a --configfile"),
+        (["a.b.c=x"], "write --config 'a={b: {c: x}}'"),
+        (["results"], "--config entry 'results' is not key=value; write --config results=VALUE"),
+        (["9lives=1"], "--config key '9lives' is not a top-level key name"),
+    ],
+)
+def test_snakemake_args_are_checked_before_snakemake_parses_them(entries, expect):
+    from plantbench.config import check_snakemake_args
+    from plantbench.errors import ConfigError
+
+    if expect is None:
+        check_snakemake_args(entries, [DEFAULT, Path(SMOKE)])
+        return
+    with pytest.raises(ConfigError) as err:
+        check_snakemake_args(entries, [])
+    assert expect in str(err.value)
+
+
 THREADED_STEPS = ["prefix", "pretrain", "grads", "score", "causal", "bench", "membership-detect"]
 
 

@@ -11,7 +11,8 @@ import copy
 import json
 import os
 import re
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from itertools import pairwise
 from pathlib import Path
@@ -638,3 +639,58 @@ def study_hash(cfg: Mapping[str, Any]) -> str:
     """Hash of everything that defines the study: the whole config except the output folder
     and the replicate count (:data:`NOT_STUDY`)."""
     return config_hash(cfg, sorted(k for k in cfg if k not in NOT_STUDY))
+
+
+# a top-level key as Snakemake's --config parser accepts it (snakemake.cli.parse_config)
+_SNAKEMAKE_KEY = re.compile(r"[a-zA-Z_][\w-]*\w$")
+
+
+def _nested_spelling(key: str, value: str) -> str | None:
+    """``a.b.c=v`` written as Snakemake's --config takes it, ``a={b: {c: v}}``, if every part
+    of the dotted key is a plain name."""
+    first, *rest = key.split(".")
+    if not rest or not all(re.fullmatch(r"[A-Za-z_][\w-]*", part) for part in (first, *rest)):
+        return None
+    inner = value or "null"
+    for part in reversed(rest):
+        inner = f"{{{part}: {inner}}}"
+    return f"{first}={inner}"
+
+
+def check_snakemake_args(config: Sequence[str] | None, configfiles: Sequence[str | Path]) -> None:
+    """Refuse in one line what Snakemake's own command-line parsing (before the Snakefile runs)
+    would stop with a traceback: a ``--config`` entry that is not ``key=value`` with a top-level
+    key (a dotted ``train.steps=10``), and a ``--configfile`` that :func:`read_file` cannot read
+    (a folder, a missing file, non-UTF-8 text, invalid YAML, a key given twice)."""
+    for entry in config or ():
+        key, eq, value = entry.partition("=")
+        if not eq:
+            raise ConfigError(
+                f"--config entry '{entry}' is not key=value; write --config {entry}=VALUE"
+            )
+        if _SNAKEMAKE_KEY.match(key):
+            continue
+        nested = _nested_spelling(key, value)
+        if nested is not None:
+            raise ConfigError(
+                f"--config {entry} names a nested key, but Snakemake's --config takes top-level "
+                f"keys only; write --config '{nested}' or set it in a --configfile"
+            )
+        raise ConfigError(
+            f"--config key '{key}' is not a top-level key name (two or more characters: a letter "
+            "or _, then letters, digits, _ or -); write the key as it is in config.yaml"
+        )
+    for f in configfiles:
+        read_file(f)
+
+
+def exit_on_bad_snakemake_args(
+    config: Sequence[str] | None, configfiles: Sequence[str | Path]
+) -> None:
+    """:func:`check_snakemake_args` for the workflow profile (profiles/default), which Snakemake
+    evaluates while it parses its command line: the error as the Snakefile prints it, and exit 1."""
+    try:
+        check_snakemake_args(config, configfiles)
+    except ConfigError as exc:
+        print(f"plantbench: config error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
