@@ -226,6 +226,15 @@ def cmd_score(args: argparse.Namespace) -> None:
     print(f"scores {args.method} {args.model} {meta['hash']}")
 
 
+def cmd_trackstar(args: argparse.Namespace) -> None:
+    from plantbench.attribution import trackstar
+
+    cfg = _load_cfg(args)
+    meta = trackstar.run(cfg, Paths(cfg), args.model, threads=args.threads)
+    info = meta["info"]
+    print(f"trackstar {args.model} {info['n_queries']} x {info['n_pool']} {meta['hash']}")
+
+
 def cmd_ekfac(args: argparse.Namespace) -> None:
     from plantbench.attribution.ekfac import stage as ekfac
 
@@ -437,6 +446,7 @@ THREADED = (
     "embed",
     "score",
     "ekfac",
+    "trackstar",
     "fidelity",
     "causal",
     "bench",
@@ -455,6 +465,7 @@ PER_MODEL = (
     "embed",
     "score",
     "ekfac",
+    "trackstar",
     "fidelity",
     "context-attribute",
     "grounding-respond",
@@ -591,6 +602,10 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "methods": (cmd_methods, "list the registered attribution methods"),
     "score": (cmd_score, "score every query against a model's pool with one method"),
     "ekfac": (cmd_ekfac, "fit EK-FAC on the pool at one checkpoint; score every query"),
+    "trackstar": (
+        cmd_trackstar,
+        "TrackStar features: optimizer-corrected, projected, whitened gradients (final checkpoint)",
+    ),
     "fidelity": (
         cmd_fidelity,
         "grade each gradient method against exact, unprojected gradient products on a subset",
