@@ -137,3 +137,9 @@ def test_method_scores_are_the_feature_cosines():
     out = m.score(ctx, np.array([2, 0]), np.array([1, 5, 6]))
     assert np.allclose(out, queries[[2, 0]] @ pool[[1, 5, 6]].T)
     assert np.all(np.abs(out) <= 1 + 1e-12)
+
+
+def test_the_mixing_comes_from_the_config_or_the_defaults():
+    assert trackstar.mixing({"features": {}}) == (trackstar.MIX, trackstar.DAMPING)
+    cfg = {"features": {"trackstar_mix": 0.0, "trackstar_damping": 0.1}}
+    assert trackstar.mixing(cfg) == (0.0, 0.1)

@@ -10,7 +10,8 @@ For a pool window or a query ``z`` at the final checkpoint:
 2. projected with the study's projection (``features.projection``: the count sketch or LoGra,
    the same matrices as the plain gradient features), giving ``p(z)`` in ``D`` dimensions;
 3. whitened by the mixed curvature ``R = (1 - MIX) R_pool / m_pool + MIX R_query / m_query +
-   DAMPING I`` with ``R_pool`` (``R_query``) the mean outer product of the pool windows' (the
+   DAMPING I`` (``features.trackstar_mix``, default 0.5; ``features.trackstar_damping``, default
+   1e-3) with ``R_pool`` (``R_query``) the mean outer product of the pool windows' (the
    queries') projected features, each divided by its mean eigenvalue ``m`` so that the two mix
    on the same scale (pool windows sum the loss over every token, queries over the answer only):
    ``r(z) = R^{-1/2} p(z)``;
@@ -40,8 +41,8 @@ from plantbench.paths import Paths
 
 log = logging.getLogger(__name__)
 
-MIX = 0.5  # weight of the query Fisher in the mixed curvature
-DAMPING = 1e-3  # added to the mixed curvature's eigenvalues (whose mean is 1)
+MIX = 0.5  # weight of the query Fisher in the mixed curvature (features.trackstar_mix)
+DAMPING = 1e-3  # added to the mixed curvature's eigenvalues, mean 1 (features.trackstar_damping)
 FEATURES = "features.npz"
 
 
@@ -109,9 +110,16 @@ def features(
     return unit(pool @ w), unit(queries @ w)
 
 
+def mixing(cfg: dict[str, Any]) -> tuple[float, float]:
+    """(mix, damping) of the mixed curvature: the config's, or the defaults."""
+    f = cfg["features"]
+    return float(f.get("trackstar_mix", MIX)), float(f.get("trackstar_damping", DAMPING))
+
+
 def settings_hash(cfg: dict[str, Any]) -> str:
+    mix, damping = mixing(cfg)
     return hash_bytes(
-        canonical_json({**layout.grad_settings(cfg), "mix": MIX, "damping": DAMPING}).encode()
+        canonical_json({**layout.grad_settings(cfg), "mix": mix, "damping": damping}).encode()
     )
 
 
@@ -133,7 +141,8 @@ def run(
     pool = corrected(net, proj, scales, windows, None, None, batch)
     ids, attn, ans = artifacts.query_batch(paths, qs)
     query = corrected(net, proj, scales, ids.numpy(), ans.numpy(), attn.numpy(), batch)
-    pf, qf = features(pool, query)
+    mix, damping = mixing(cfg)
+    pf, qf = features(pool, query, mix, damping)
     if not (np.isfinite(pf).all() and np.isfinite(qf).all()):
         raise ArtifactError(f"TrackStar features of model {model} are not finite")
     folder = paths.trackstar(model)
@@ -147,8 +156,8 @@ def run(
         "n_pool": len(pf),
         "n_queries": len(qf),
         "dims": int(proj.dims),
-        "mix": MIX,
-        "damping": DAMPING,
+        "mix": mix,
+        "damping": damping,
         "query_ids_hash": artifacts.query_ids_hash(qs),
         "seconds": round(time.time() - t0, 3),
     }
