@@ -143,3 +143,13 @@ def test_the_mixing_comes_from_the_config_or_the_defaults():
     assert trackstar.mixing({"features": {}}) == (trackstar.MIX, trackstar.DAMPING)
     cfg = {"features": {"trackstar_mix": 0.0, "trackstar_damping": 0.1}}
     assert trackstar.mixing(cfg) == (0.0, 0.1)
+
+
+def test_verify_counts_the_moments_files_as_inputs_of_the_run(tmp_path):
+    from plantbench.hashing import hash_file
+    from plantbench.ops import verify
+
+    path = tmp_path / "models" / "A" / "moments" / "step_0000010.pt"
+    path.parent.mkdir(parents=True)
+    torch.save({"exp_avg_sq": {}, "eps": 1e-8, "checkpoint_hash": "h"}, path)
+    assert hash_file(path) in verify.present_hashes(tmp_path, {})
