@@ -646,8 +646,10 @@ def save_moments(
         "eps": float(opt.param_groups[0]["eps"]),
         "checkpoint_hash": checkpoint_hash,
     }
+    buf = _io.BytesIO()  # in memory: the archive's name is then fixed (the bytes reproducible)
+    torch.save(record, buf)
     with io.atomic_path(path) as tmp:
-        torch.save(record, tmp)
+        tmp.write_bytes(buf.getvalue())
 
 
 def _log_rank(run: _Run) -> None:
