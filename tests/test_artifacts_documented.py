@@ -162,6 +162,7 @@ def test_readme_patterns_parse(readme: str) -> None:
     assert len(stage_patterns(readme)) >= 13
     assert optional_stages(readme) == {
         _regex("features/<model>/ekfac_tracin/<checkpoint>"),
+        _regex("features/<model>/trackstar"),  # only with trackstar
         _regex("models/prefix"),  # only with train.prefix_steps
     }
 

@@ -124,7 +124,10 @@ def test_reference_run_is_complete(reference: dict[str, Any]) -> None:
     assert meta["info"]["checkpoints"] == ["step_0000020", "step_0000040"]
     assert {"meta.json", "loss.csv", "checkpoints/index.json"} <= set(files)
     assert any(f.startswith("checkpoints/step_0000040/") for f in files)
-    assert set(meta["files"]) == set(files) - {"meta.json"}
+    # Adam's second moments beside every checkpoint, outside the meta (the model's hash as before)
+    moments = {f for f in files if f.startswith("moments/")}
+    assert moments == {"moments/step_0000020.pt", "moments/step_0000040.pt"}
+    assert set(meta["files"]) == set(files) - {"meta.json"} - moments
 
 
 def test_training_twice_is_bit_identical(

@@ -96,7 +96,8 @@ def _assert_meta_and_index_agree(cfg: dict[str, Any]) -> None:
         for p in paths.model("A").rglob("*")
         if p.is_file() and "state" not in p.relative_to(paths.model("A")).parts
     }
-    assert on_disk == set(meta["files"]) | {io.META}
+    moments = {f"moments/{c['name']}.pt" for c in index}  # Adam's moments, outside the meta
+    assert on_disk == set(meta["files"]) | {io.META} | moments
 
 
 def test_deleted_checkpoint_fails_verify_and_the_printed_recovery_restores_it(

@@ -31,6 +31,7 @@ FIGURES = {
     "learned_rate.png",
     "ap_by_n_docs.png",
     "mass_vs_effect.png",
+    "mass_raw_scatter.png",
     "context_shift.png",
     "context_ssp.png",
     "grounding_ck.png",

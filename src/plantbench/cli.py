@@ -249,6 +249,15 @@ def cmd_score(args: argparse.Namespace) -> None:
     print(f"scores {args.method} {args.model} {meta['hash']}")
 
 
+def cmd_trackstar(args: argparse.Namespace) -> None:
+    from plantbench.attribution import trackstar
+
+    cfg = _load_cfg(args)
+    meta = trackstar.run(cfg, Paths(cfg), args.model, threads=args.threads)
+    info = meta["info"]
+    print(f"trackstar {args.model} {info['n_queries']} x {info['n_pool']} {meta['hash']}")
+
+
 def cmd_ekfac(args: argparse.Namespace) -> None:
     from plantbench.attribution.ekfac import stage as ekfac
 
@@ -473,6 +482,7 @@ THREADED = (
     "embed-shared",
     "score",
     "ekfac",
+    "trackstar",
     "fidelity",
     "causal",
     "reading",
@@ -492,6 +502,7 @@ PER_MODEL = (
     "embed",
     "score",
     "ekfac",
+    "trackstar",
     "fidelity",
     "context-attribute",
     "grounding-respond",
@@ -656,6 +667,10 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "methods": (cmd_methods, "list the registered attribution methods"),
     "score": (cmd_score, "score every query against a model's pool with one method"),
     "ekfac": (cmd_ekfac, "fit EK-FAC on the pool at one checkpoint; score every query"),
+    "trackstar": (
+        cmd_trackstar,
+        "TrackStar features: optimizer-corrected, projected, whitened gradients (final checkpoint)",
+    ),
     "fidelity": (
         cmd_fidelity,
         "grade each gradient method against exact, unprojected gradient products on a subset",

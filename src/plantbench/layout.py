@@ -284,6 +284,7 @@ def feature_files(cfg: dict[str, Any], model: str, needs: Sequence[str]) -> list
         "curvature_tracin": lambda: [p.curvature(model, c) for c in tracin],
         "ekfac": lambda: [p.ekfac(model) / META],
         "ekfac_tracin": lambda: [ekfac_folder(cfg, p, model, c) / META for c in tracin],
+        "trackstar": lambda: [p.trackstar(model) / META],
     }
     out: list[str] = []
     for need in needs:

@@ -41,6 +41,7 @@ METHOD_LABELS = {
     "influence": "Influence functions",
     "ekfac": "EK-FAC influence",
     "tracin_ekfac": "TracIn, EK-FAC influence",
+    "trackstar": "TrackStar",
 }
 
 

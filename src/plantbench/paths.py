@@ -62,6 +62,10 @@ class Paths:
     def checkpoints(self, model: str) -> Path:
         return self.model(model) / "checkpoints"
 
+    def moments(self, model: str, checkpoint: str) -> Path:
+        """Adam's second moments at a checkpoint (beside the checkpoints, outside the meta)."""
+        return self.model(model) / "moments" / f"{checkpoint}.pt"
+
     def train_state(self, model: str) -> Path:
         return self.model(model) / "state"
 
@@ -89,6 +93,9 @@ class Paths:
         if checkpoint is None:
             return self.features(model) / "ekfac"
         return self.features(model) / "ekfac_tracin" / checkpoint
+
+    def trackstar(self, model: str) -> Path:
+        return self.features(model) / "trackstar"
 
     def hidden(self, model: str) -> Path:
         return self.features(model) / "hidden"

@@ -57,6 +57,7 @@ RULE_SECTIONS: dict[str, tuple[str, ...]] = {
     "score": ("scoring", "features", "curvature", "analysis.haystack?"),
     "ekfac": ("features.batch_windows", "curvature.damping_ratio"),
     "ekfac_tracin": ("features.batch_windows", "curvature.damping_ratio"),
+    "trackstar": ("features",),
     "fidelity": ("features", "curvature", "fidelity?"),  # + its gradient methods (params)
     "analysis": ("analysis", "methods"),
     "context_build": ("seed", "context?", "causal.context_segments?"),

@@ -289,6 +289,36 @@ rule ekfac_tracin:
         "--checkpoint {wildcards.checkpoint} --threads {threads} 2> {log:q}"
 
 
+# GPU
+# trackstar only (off by default): one more gradient pass over the pool and the queries at the
+# final checkpoint, optimizer-corrected (Adam's second moments saved beside the checkpoint)
+rule trackstar:
+    input:
+        pool=rules.pool.output.meta,
+        facts=f"{R}/facts/meta.json",
+        tokenizer=rules.tokenizer.output.meta,
+        model=f"{RR}models/{{model}}/meta.json",
+    output:
+        f"{FEAT}/{{model}}/trackstar/meta.json",
+    log:
+        rlog_of("trackstar_{model}"),
+    benchmark:
+        rbench_of("trackstar_{model}")
+    conda:
+        "../../envs/plantbench.yaml"
+    threads: 1
+    resources:
+        run_config=RUN_CONFIG,
+        mem_mb=lambda wc, attempt: 4000 * attempt,
+        runtime=lambda wc, attempt: 60 * attempt,
+    params:
+        replicate=replicate_of,
+        sections=sections("trackstar"),
+        plantbench=PLANTBENCH,
+    shell:
+        "{params.plantbench} trackstar -c {resources.run_config:q} --replicate {params.replicate} --model {wildcards.model} --threads {threads} 2> {log:q}"
+
+
 rule fidelity:
     input:
         pool=rules.pool.output.meta,

@@ -47,6 +47,11 @@ rule report:
             caption="../report/mass_vs_effect.rst",
             category="Analysis",
         ),
+        scatter=report(
+            f"{R}/report/mass_raw_scatter.png",
+            caption="../report/mass_raw_scatter.rst",
+            category="Analysis",
+        ),
         context_shift=report(
             f"{R}/report/context_shift.png",
             caption="../report/context_shift.rst",

@@ -135,18 +135,27 @@ class Sketch:
         return self._cache[key]  # type: ignore[return-value]
 
     def accumulate(
-        self, out: torch.Tensor, name: str, x: torch.Tensor, delta: torch.Tensor
+        self,
+        out: torch.Tensor,
+        name: str,
+        x: torch.Tensor,
+        delta: torch.Tensor,
+        scale: torch.Tensor | None = None,
     ) -> None:
         """Add module ``name``'s sketched per-example gradients to ``out`` (``[n, dims]``) from
-        its inputs ``x`` ``[n, T, i]`` and output gradients ``delta`` ``[n, T, o]``."""
+        its inputs ``x`` ``[n, T, i]`` and output gradients ``delta`` ``[n, T, o]``. ``scale``
+        (``[o, i]``) multiplies every formed gradient elementwise before it is sketched (the
+        optimizer-state correction of TrackStar); the signs commute with it."""
         m = self._by_name[name]
+        sc = None if scale is None else scale.to(out.dtype).to(out.device).reshape(1, -1)
         buckets, s_out, s_in = self.tables(name, out.dtype, out.device)
         ds = delta.to(out.dtype) * s_out
         xs = x.to(out.dtype) * s_in
         step = max(1, CHUNK_BYTES // (m.size * out.element_size()))
         for a in range(0, out.shape[0], step):
             g = torch.bmm(ds[a : a + step].transpose(1, 2), xs[a : a + step])
-            out[a : a + step].index_add_(1, buckets, g.reshape(g.shape[0], m.size))
+            g = g.reshape(g.shape[0], m.size)
+            out[a : a + step].index_add_(1, buckets, g if sc is None else g * sc)
 
     def dense(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """The sketch as an explicit ``[P_b, dims]`` matrix (one signed 1 per row, modules in

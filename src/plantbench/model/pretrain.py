@@ -481,6 +481,7 @@ def _clear_outputs(run: _Run) -> None:
     for f in (run.out / io.META, run.out / "loss.csv", run.state_path):
         f.unlink(missing_ok=True)
     shutil.rmtree(run.ckpt_dir, ignore_errors=True)
+    shutil.rmtree(run.paths.moments(run.name, "x").parent, ignore_errors=True)
 
 
 def _fork_state(run: _Run) -> dict[str, Any] | None:
@@ -615,8 +616,40 @@ def _save_progress(run: _Run, done: int, stopping: bool) -> None:
             twin = modelcard.Twin(run.cfg, run.paths, run.name, run.stream, run.chash, params)
             modelcard.complete_checkpoint(tmp, twin, done)
         run.checkpoint_hashes[name] = hash_tree(run.ckpt_dir / name)
+        save_moments(
+            run.paths.moments(run.name, name), run.model, run.opt, run.checkpoint_hashes[name]
+        )
     if done % int(run.t["state_every_steps"]) == 0 or done == run.stop or stopping:
         save_state(run.state_path, run.snapshot(done))
+
+
+def second_moments(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """Adam's ``exp_avg_sq`` of every parameter that has one, by parameter name (float32, CPU)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    out = {}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            v = opt.state.get(p, {}).get("exp_avg_sq")
+            if v is not None:
+                out[names[id(p)]] = v.detach().float().cpu().clone()
+    return out
+
+
+def save_moments(
+    path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, checkpoint_hash: str
+) -> None:
+    """Save Adam's second moments beside a checkpoint (TrackStar's correction reads them), with
+    the optimizer's ``eps`` and the hash of the checkpoint they belong to. The checkpoint folder
+    and the model's meta are untouched: the file lies in ``models/<twin>/moments/``."""
+    record = {
+        "exp_avg_sq": second_moments(model, opt),
+        "eps": float(opt.param_groups[0]["eps"]),
+        "checkpoint_hash": checkpoint_hash,
+    }
+    buf = _io.BytesIO()  # in memory: the archive's name is then fixed (the bytes reproducible)
+    torch.save(record, buf)
+    with io.atomic_path(path) as tmp:
+        tmp.write_bytes(buf.getvalue())
 
 
 def _log_rank(run: _Run) -> None:

@@ -369,6 +369,9 @@ def present_hashes(root: Path, metas: dict[str, dict[str, Any]]) -> set[str]:
         for index in _glob(root, f"{rep}models/*/checkpoints/index.json"):
             with contextlib.suppress(Exception):
                 present.update(c["hash"] for c in json.loads(index.read_text()))
+        for moments in _glob(root, f"{rep}models/*/moments/*.pt"):  # TrackStar's input
+            with contextlib.suppress(OSError):
+                present.add(hash_file(moments))
         for curv in _glob(root, f"{rep}features/*/curvature/*/curvature.npz"):
             with contextlib.suppress(OSError):
                 present.add(hash_file(curv))

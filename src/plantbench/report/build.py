@@ -179,7 +179,7 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
         figures.reading_figure(inp.curve, inp.chance, out_dir / "reading_curve.png")
     graded = NOT_GRADED
     if inp.analysis is not None:
-        graded = sections.analysis_sections(paths, out_dir)
+        graded = sections.analysis_sections(paths, out_dir, paper=figures.is_paper(cfg))
     optional = _optional_sections(cfg, paths, out_dir)
     lines = [
         *_learned_lines(inp),

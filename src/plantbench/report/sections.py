@@ -51,8 +51,9 @@ def _cell_sizes(per_fact: pd.DataFrame) -> str:
     return f"{lo}" if lo == hi else f"{lo} to {hi}"
 
 
-def analysis_sections(paths: Paths, out_dir: Path | None = None) -> str:
-    """Markdown for the grading sections; with ``out_dir``, also write the figures there."""
+def analysis_sections(paths: Paths, out_dir: Path | None = None, *, paper: bool = False) -> str:
+    """Markdown for the grading sections; with ``out_dir``, also write the figures there
+    (``paper``: the seed's correlations drawn beside ours)."""
     a = read_analysis(paths)
     ret, corr, grid, per_fact = a["retrieval"], a["correlations"], a["learned_grid"], a["per_fact"]
     meta = io.read_meta(paths.root / "analysis", "analysis", verify=False)
@@ -60,7 +61,8 @@ def analysis_sections(paths: Paths, out_dir: Path | None = None) -> str:
     if out_dir is not None:
         figures.learned_heatmap(grid, out_dir / "learned_rate.png")
         figures.ap_figure(ret, out_dir / "ap_by_n_docs.png")
-        figures.mass_figure(per_fact, corr, out_dir / "mass_vs_effect.png")
+        figures.mass_figure(corr, out_dir / "mass_vs_effect.png", paper)
+        figures.scatter_figure(per_fact, out_dir / "mass_raw_scatter.png")
     lines = [
         *_learned_lines(info, per_fact),
         *_finding_lines(ret),
@@ -162,7 +164,15 @@ def _mass_lines(corr: pd.DataFrame, per_fact: pd.DataFrame, info: dict[str, Any]
         "depends only on the number of documents, or too few facts). Cells hold "
         f"{_cell_sizes(per_fact)} facts.",
         "",
+        "Each method's raw (grey) and controlled (blue) correlation with its 95% interval, "
+        "sorted by the controlled one (with the paper's config, the seed's values beside ours, "
+        "open markers):",
+        "",
         "![mass vs effect](mass_vs_effect.png)",
+        "",
+        "Raw attributed mass against raw causal effect (learned facts in orange):",
+        "",
+        "![raw mass vs raw effect](mass_raw_scatter.png)",
         "",
     ]
 

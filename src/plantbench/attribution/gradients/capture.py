@@ -206,8 +206,14 @@ def projected_grads(
     dtype: torch.dtype = torch.float32,
     *,
     require_eager: bool = True,
+    scales: dict[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Projected per-example gradients, ``[n, projector.dims]`` in ``dtype``.
+
+    ``scales`` (per module an ``[out, in]`` tensor): each example's exact weight gradient is
+    multiplied by it elementwise before the projection, e.g. TrackStar's ``1 / sqrt(v + eps)``
+    (:mod:`plantbench.attribution.trackstar`); the gradient is then formed per module (the
+    count sketch forms it anyway; LoGra forms it only here).
 
     One forward and one backward for the whole batch. LoGra (:class:`Projector`): hooks
     project each module's inputs and output gradients; per example ``sum_t (P_out delta_t)
@@ -223,13 +229,15 @@ def projected_grads(
         out = torch.zeros((n, projector.dims), dtype=dtype, device=device)
 
         def consume(name: str, x: torch.Tensor, delta: torch.Tensor) -> None:
-            projector.accumulate(out, name, x, delta)
+            projector.accumulate(out, name, x, delta, None if scales is None else scales[name])
 
         _capture(
             model, projector.module_names, input_ids, loss_mask, attention_mask, dtype, {},
             consume,
         )  # fmt: skip
         return out
+    if scales is not None:
+        return _scaled_logra(model, projector, input_ids, loss_mask, attention_mask, dtype, scales)
     maps = {
         name: (
             projector.matrix(name, "in", dtype, device),
@@ -246,6 +254,32 @@ def projected_grads(
             continue
         g = torch.einsum("ntk,ntj->nkj", ds[name], xs[name])
         out[:, projector.slices[name]] = g.reshape(n, -1)
+    return out
+
+
+def _scaled_logra(
+    model: torch.nn.Module,
+    projector: Projector,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dtype: torch.dtype,
+    scales: dict[str, torch.Tensor],
+) -> torch.Tensor:
+    """LoGra of elementwise-scaled exact gradients: ``P_out (G_n * S) P_in^T`` per module."""
+    n, device = input_ids.shape[0], input_ids.device
+    out = torch.zeros((n, projector.dims), dtype=dtype, device=device)
+
+    def consume(name: str, x: torch.Tensor, delta: torch.Tensor) -> None:
+        g = torch.einsum("nto,nti->noi", delta, x) * scales[name].to(dtype=dtype, device=device)
+        p_in = projector.matrix(name, "in", dtype, device)
+        p_out = projector.matrix(name, "out", dtype, device)
+        block = torch.einsum("ko,noi,ji->nkj", p_out, g, p_in)
+        out[:, projector.slices[name]] = block.reshape(n, -1)
+
+    _capture(
+        model, projector.module_names, input_ids, loss_mask, attention_mask, dtype, {}, consume
+    )
     return out
 
 

@@ -8,7 +8,8 @@ A method is a function ``score(ctx, query_rows, pool_rows) -> np.ndarray``:
   (``ctx.pool``), the queries (``ctx.queries``), the config, lazily loaded and checked features
   (``ctx.texts()``, ``ctx.query_texts()``, ``ctx.vectors("hidden" | "embed")``,
   ``ctx.query_grads(ckpt)``, ``ctx.pool_grads(ckpt, pool_rows)``, ``ctx.curvature(ckpt)``,
-  ``ctx.tracin()`` = [(checkpoint, learning rate)], ``ctx.ekfac(ckpt=final)``, ``ctx.final``) and ``ctx.cache``, a dict for
+  ``ctx.tracin()`` = [(checkpoint, learning rate)], ``ctx.ekfac(ckpt=final)``,
+  ``ctx.trackstar()`` = (pool, query) TrackStar features, ``ctx.final``) and ``ctx.cache``, a dict for
   anything the method wants to compute once (an index, preconditioned query gradients).
 - ``query_rows`` / ``pool_rows`` are int64 arrays of row positions in ``ctx.queries`` /
   ``ctx.pool`` (the scoring engine passes tiles: consecutive rows, at most
@@ -65,6 +66,8 @@ FEATURES = {
     "curvature_tracin": "damped projected Fisher at every TracIn checkpoint",
     "ekfac": "EK-FAC influence of every query on every pool window (final checkpoint)",
     "ekfac_tracin": "EK-FAC influence of every query on every pool window, every TracIn checkpoint",
+    "trackstar": "TrackStar features (optimizer-corrected, projected, whitened, unit) of the "
+    "pool windows and queries at the final checkpoint",
 }
 
 

@@ -180,6 +180,23 @@ class Context:
             self.inputs[key] = meta["hash"]
         return self.cache[f"_{key}"]
 
+    def trackstar(self) -> tuple[np.ndarray, np.ndarray]:
+        """(pool, query) TrackStar features (:mod:`plantbench.attribution.trackstar`), checked."""
+        if "_trackstar" not in self.cache:
+            from plantbench.attribution import trackstar
+
+            pool, queries, meta = trackstar.load(
+                self.paths, self.model, self.pool_meta["hash"], self.query_ids
+            )
+            if pool.shape[0] != self.n_pool or queries.shape[0] != self.n_queries:
+                raise ArtifactError(
+                    f"'{self.paths.trackstar(self.model)}' does not hold one row per pool window "
+                    "and query; rerun its trackstar step"
+                )
+            self.cache["_trackstar"] = (pool.astype(np.float64), queries.astype(np.float64))
+            self.inputs["trackstar"] = meta["hash"]
+        return self.cache["_trackstar"]
+
     def tracin(self) -> list[tuple[str, float]]:
         """(checkpoint, learning rate of the update that produced it) for TracIn."""
         if "_tracin" not in self.cache:
@@ -211,3 +228,5 @@ class Context:
                     self.curvature(c)
             elif need == "ekfac":
                 self.ekfac()
+            elif need == "trackstar":
+                self.trackstar()

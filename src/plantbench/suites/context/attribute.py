@@ -54,24 +54,71 @@ def _pair(oracle: Oracle, masks: np.ndarray) -> tuple:
     return bool(ok[0]), bool(ok[1]), float(lp[0]), float(lp[1]), bool(gr[0]), bool(gr[1])
 
 
-def attribute_query(oracle: Oracle, st: Settings, query_id: str) -> dict[str, list[tuple]]:
-    """The rows of the four tables for one query."""
+def method_rows(
+    oracle: Oracle, st: Settings, query_id: str, name: str, s: np.ndarray
+) -> dict[str, list[tuple]]:
+    """The scores, conditions and LDS rows of one method's segment scores ``s`` on one query."""
+    s = np.asarray(s, dtype=float)
+    held = lds_masks(st, query_id)
+    rows: dict[str, list[tuple]] = {"scores": [], "conditions": [], "lds": []}
+    rows["scores"] = [(query_id, name, j, float(v)) for j, v in enumerate(s)]
+    for k in condition_ks(st):
+        rows["conditions"].append(
+            (query_id, name, k, *_pair(oracle, np.stack(metrics.top_masks(s, k))))
+        )
+    rows["lds"].append((query_id, name, metrics.lds(s, held, oracle.logp(held))))
+    return rows
+
+
+def _extend(rows: dict[str, list[tuple]], more: dict[str, list[tuple]]) -> None:
+    for key, r in more.items():
+        rows.setdefault(key, []).extend(r)
+
+
+def attribute_query(
+    oracle: Oracle, st: Settings, query_id: str, records: dict[str, dict[str, Any]] | None = None
+) -> dict[str, list[tuple]]:
+    """The rows of the four tables for one query. A learned method's record goes to
+    ``records[method][query_id]`` instead (its rows come from :func:`learned_rows`)."""
     rows: dict[str, list[tuple]] = {"scores": [], "conditions": [], "lds": []}
     oracle.prefetch_lattice(st.lattice)
-    held = lds_masks(st, query_id)
-    held_logp = oracle.logp(held)
     for name in st.methods:
         method = registry.get(name)
-        s = np.asarray(method.fn(oracle, st, rng(st.seed, "context", name, query_id)), float)
-        rows["scores"] += [(query_id, name, j, float(v)) for j, v in enumerate(s)]
-        for k in condition_ks(st):
-            rows["conditions"].append(
-                (query_id, name, k, *_pair(oracle, np.stack(metrics.top_masks(s, k))))
-            )
-        rows["lds"].append((query_id, name, metrics.lds(s, held, held_logp)))
+        out = method.fn(oracle, st, rng(st.seed, "context", name, query_id))
+        if method.learn is not None:
+            if records is not None:
+                records.setdefault(name, {})[query_id] = out
+            continue
+        _extend(rows, method_rows(oracle, st, query_id, name, out))
     ends = _pair(oracle, np.stack([oracle.empty(), oracle.full()]))
     share = float(oracle.answer_share(oracle.empty()[None])[0])
     rows["queries"] = [(query_id, *ends, share, oracle.passes)]
+    return rows
+
+
+def folds(st: Settings, fact_of: dict[str, str]) -> dict[str, int]:
+    """Per query its cross-fitting fold (0 or 1): seeded per fact, so a fact's query forms
+    share a fold."""
+    return {q: int(rng(st.seed, "context_fold", f).integers(2)) for q, f in fact_of.items()}
+
+
+def learned_rows(
+    oracles: dict[str, Oracle],
+    st: Settings,
+    records: dict[str, dict[str, Any]],
+    fact_of: dict[str, str],
+) -> dict[str, list[tuple]]:
+    """The rows of every learned method, each query scored by weights fitted on the other
+    fold's queries (:mod:`plantbench.suites.context.methods.registry`)."""
+    rows: dict[str, list[tuple]] = {"scores": [], "conditions": [], "lds": []}
+    split = folds(st, fact_of)
+    for name, recs in records.items():
+        learn = registry.get(name).learn
+        assert learn is not None
+        scores = learn(recs, {q: split[q] for q in recs}, st)
+        for q, oracle in oracles.items():
+            if q in scores:
+                _extend(rows, method_rows(oracle, st, q, name, scores[q]))
     return rows
 
 
@@ -124,13 +171,15 @@ def run(cfg: dict[str, Any], paths: Paths, model_name: str, *, threads: int = 1)
     by_fact = {f: g.sort_values("candidate_index") for f, g in cands.groupby("fact_id")}
     rows: dict[str, list[tuple]] = {k: [] for k in COLUMNS}
     t0, passes = time.perf_counter(), 0
+    oracles: dict[str, Oracle] = {}
+    records: dict[str, dict[str, Any]] = {}
     for i, q in enumerate(qdf.itertuples(index=False)):
         c = by_fact[q.fact_id]
         ids = tokenizer.encode_batch(tok, [f" {x}" for x in c["candidate"]])
         target = c["candidate"].tolist().index(q.answer)
         oracle = Oracle(model, tok, texts[q.query_id], q.prompt, ids, target, st.batch)
-        for key, r in attribute_query(oracle, st, q.query_id).items():
-            rows[key] += r
+        _extend(rows, attribute_query(oracle, st, q.query_id, records))
+        oracles[q.query_id] = oracle
         passes += oracle.passes
         if (i + 1) % 50 == 0 or i + 1 == len(qdf):
             dt = time.perf_counter() - t0
@@ -142,6 +191,10 @@ def run(cfg: dict[str, Any], paths: Paths, model_name: str, *, threads: int = 1)
                 passes,
                 passes / dt,
             )
+    before = sum(o.passes for o in oracles.values())
+    fact_of = dict(zip(qdf["query_id"], qdf["fact_id"], strict=True))
+    _extend(rows, learned_rows(oracles, st, records, fact_of))
+    passes += sum(o.passes for o in oracles.values()) - before
     tables = {k: pd.DataFrame(v, columns=COLUMNS[k]) for k, v in rows.items()}
     out = paths.context(model_name)
     with io.atomic_dir(out) as tmp:
@@ -158,6 +211,7 @@ def run(cfg: dict[str, Any], paths: Paths, model_name: str, *, threads: int = 1)
                 "queries": len(qdf),
                 "methods": list(st.methods),
                 "forward_passes": passes,
+                "attention_passes": sum(o.attention_passes for o in oracles.values()),
                 "passes_per_s": passes / max(time.perf_counter() - t0, 1e-9),
             },
         )

@@ -9,11 +9,17 @@ prompts of the masks not seen before run as one right-padded batch, and the cand
 them continue from that batch's key-value cache (one prefix pass per mask, not one per
 candidate). Every method of the suite reads the model only through it, so a mask two methods
 both ask for costs one pass, and :attr:`Oracle.passes` counts the prompt passes actually run.
+
+The attention methods (AT2, AttnTrace) read :meth:`Oracle.attention`: one forward of the ablated
+prompt followed by the response (teacher-forced) with the math attention kernel, the attention
+of every position that predicts a response token to every earlier position, and which segment
+each position belongs to (memoized per mask; :attr:`Oracle.attention_passes` counts them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,7 +63,9 @@ class Oracle:
         self.k = len(self.segments)
         self.memo: dict[int, np.ndarray] = {}
         self.greedy_memo: dict[int, np.ndarray] = {}
+        self.attention_memo: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.passes = 0
+        self.attention_passes = 0
 
     def candidates(self, masks: np.ndarray) -> np.ndarray:
         """``[len(masks), n_candidates]`` log-probabilities; masks not seen before are run."""
@@ -106,11 +114,65 @@ class Oracle:
         p = np.exp(s)
         return p[:, self.target] / p.sum(axis=1)
 
+    def attention(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(att, owner)`` of one ablation. ``att`` ``[layers, heads, R, S]`` float64: the
+        attention weights of the R positions that predict the response's tokens (the prompt's
+        last position and the response's tokens but the last) over all S positions of
+        ``<bos> prompt response[:-1]``; ``owner`` ``[S]`` int: the segment (0..k-1, in the full
+        context's numbering) each position's token lies in, -1 for the rest (bos, newlines,
+        query, response). A token that straddles a segment's end belongs to that segment."""
+        mask = np.asarray(mask, dtype=bool).reshape(self.k)
+        key = mask_key(mask)
+        if key not in self.attention_memo:
+            self.attention_memo[key] = self._attention(mask)
+            self.attention_passes += 1
+        return self.attention_memo[key]
+
+    def _attention(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        text = prompt_of(self.segments, mask, self.query)
+        enc = self.tok.encode(text, add_special_tokens=False)
+        response = self.candidate_ids[self.target]
+        ids = [tokenizer.BOS_ID, *enc.ids, *response[:-1]]
+        owner = np.full(len(ids), -1, dtype=np.int64)
+        spans = _segment_spans(self.segments, mask)
+        for t, (a, _) in enumerate(enc.offsets):
+            for j, (lo, hi) in spans.items():
+                if lo <= a < hi:
+                    owner[1 + t] = j
+        device = next(self.model.parameters()).device
+        with _eager(self.model), torch.no_grad():
+            out = self.model(input_ids=torch.tensor([ids], device=device), output_attentions=True)
+        att = torch.stack([a[0] for a in out.attentions]).double().cpu().numpy()
+        first = len(enc.ids)  # position of the prompt's last token (after <bos>)
+        return att[:, :, first : first + len(response)], owner
+
     def full(self) -> np.ndarray:
         return np.ones(self.k, dtype=bool)
 
     def empty(self) -> np.ndarray:
         return np.zeros(self.k, dtype=bool)
+
+
+def _segment_spans(segments: Sequence[str], mask: np.ndarray) -> dict[int, tuple[int, int]]:
+    """Character span of every kept segment in :func:`prompt_of`'s text, by segment index."""
+    spans, at = {}, 0
+    for j, (seg, kept) in enumerate(zip(segments, mask, strict=True)):
+        if kept:
+            spans[j] = (at, at + len(seg))
+            at += len(seg) + 1
+    return spans
+
+
+@contextlib.contextmanager
+def _eager(model: torch.nn.Module) -> Iterator[None]:
+    """The math attention kernel for one call (the only one that returns attention weights)."""
+    conf = model.config
+    old = conf._attn_implementation
+    conf._attn_implementation = "eager"
+    try:
+        yield
+    finally:
+        conf._attn_implementation = old
 
 
 def _unkey(key: int, k: int) -> np.ndarray:

@@ -18,6 +18,10 @@ DEFAULTS: dict[str, Any] = {
     "shapley_permutations": 16,  # TokenSHAP: Monte Carlo permutations per context
     "tracllm_top": 2,  # TracLLM: nodes kept at each level of the binary search
     "tracllm_loo_weight": 2.0,  # TracLLM: w_loo of max(w_loo * LOO, STC)
+    "at2_ridge": 1.0,  # AT2: ridge weight (x the mean diagonal of the normal equations)
+    "attntrace_top_k": 5,  # AttnTrace: a segment's score sums its K highest-scoring tokens
+    "attntrace_subsamples": 8,  # AttnTrace: random context subsamples besides the full context
+    "attntrace_keep": 0.5,  # AttnTrace: keep probability of a segment in a subsample
     "lds_masks": 32,  # LDS: held-out random ablations per context
     "top_k": [1, 2, 3],  # BCS / Util / RmI at these k (by default those below context.segments)
     "drop_k": [1, 3, 5],  # Drop@k (capped at the segment count)
@@ -37,6 +41,10 @@ class Settings:
     shapley_permutations: int
     tracllm_top: int
     tracllm_loo_weight: float
+    at2_ridge: float
+    attntrace_top_k: int
+    attntrace_subsamples: int
+    attntrace_keep: float
     lds_masks: int
     top_k: tuple[int, ...]
     drop_k: tuple[int, ...]
@@ -68,6 +76,10 @@ def settings(cfg: dict[str, Any]) -> Settings:
         shapley_permutations=int(sec["shapley_permutations"]),
         tracllm_top=int(sec["tracllm_top"]),
         tracllm_loo_weight=float(sec["tracllm_loo_weight"]),
+        at2_ridge=float(sec["at2_ridge"]),
+        attntrace_top_k=int(sec["attntrace_top_k"]),
+        attntrace_subsamples=int(sec["attntrace_subsamples"]),
+        attntrace_keep=float(sec["attntrace_keep"]),
         lds_masks=int(sec["lds_masks"]),
         top_k=tuple(int(x) for x in sec["top_k"]),
         drop_k=tuple(int(x) for x in sec["drop_k"]),

@@ -9,6 +9,12 @@ its own module of this package::
     @register("loo", "leave-one-out", scale="nats", interface="mass")
     def score(oracle, settings, gen): ...
 
+A *learned* method (AT2) registers ``learn`` too: its ``score`` then returns the query's record
+(its features and its own training labels), and after every query has been seen
+``learn(records, folds, settings)`` returns every query's segment scores, each fitted only on the
+records of the other fold (cross-fitting over facts: a context is never scored by weights
+learned from its own ablations or its fact's other query).
+
 ``interface`` is the seed's source-separation rule the method is read through:
 ``contrastive`` (positive normalized score against the no-context baseline: ContextCite,
 TracLLM) or ``mass`` (above-uniform share of the positive mass: AttriBoT, TokenSHAP).
@@ -25,9 +31,10 @@ import numpy as np
 
 from plantbench.errors import ConfigError
 
-ScoreFn = Callable[[Any, Any, np.random.Generator], np.ndarray]
+ScoreFn = Callable[[Any, Any, np.random.Generator], Any]
+LearnFn = Callable[[dict[str, Any], dict[str, int], Any], dict[str, np.ndarray]]
 INTERFACES = ("contrastive", "mass")
-BUILTIN_MODULES = ("contextcite", "attribot", "tracllm", "tokenshap")
+BUILTIN_MODULES = ("contextcite", "attribot", "tracllm", "tokenshap", "at2", "attntrace")
 
 
 @dataclass(frozen=True)
@@ -37,19 +44,20 @@ class Method:
     scale: str
     interface: str
     fn: ScoreFn
+    learn: LearnFn | None = None
 
 
 _REGISTRY: dict[str, Method] = {}
 
 
 def register(
-    name: str, description: str, *, scale: str, interface: str
+    name: str, description: str, *, scale: str, interface: str, learn: LearnFn | None = None
 ) -> Callable[[ScoreFn], ScoreFn]:
     if interface not in INTERFACES:
         raise ValueError(f"interface must be one of {INTERFACES}, got {interface!r}")
 
     def deco(fn: ScoreFn) -> ScoreFn:
-        _REGISTRY[name] = Method(name, description, scale, interface, fn)
+        _REGISTRY[name] = Method(name, description, scale, interface, fn, learn)
         return fn
 
     return deco
