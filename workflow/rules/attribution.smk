@@ -15,6 +15,8 @@ rule pool:
         rlog_of("pool_{model}"),
     benchmark:
         rbench_of("pool_{model}")
+    # a second's work that every twin's EK-FAC and gradient jobs wait for
+    priority: 45
     conda:
         "../../envs/plantbench.yaml"
     threads: 1
