@@ -630,27 +630,27 @@ def test_a_plugin_description_must_be_text(tmp_path):
         _loaded(tmp_path, "desc_int", f"DESCRIPTION = 3\n{SCORE}")
 
 
-def test_a_plugin_returning_strings_is_one_line(tmp_path):
+def _tile_error(tmp_path, name: str, text: str) -> str:
+    """The one-line error a plug-in ``name`` with source ``text`` raises on :data:`TILE`."""
     from plantbench.errors import PlantbenchError
 
-    text = "def score(ctx, q, p):\n    return [['a'] * len(p) for _ in q]\n"
-    m = _loaded(tmp_path, "strings", text)
+    m = _loaded(tmp_path, name, text)
     with pytest.raises(PlantbenchError) as err:
         m.score(None, *TILE)
-    msg = str(err.value)
+    return str(err.value)
+
+
+def test_a_plugin_returning_strings_is_one_line(tmp_path):
+    text = "def score(ctx, q, p):\n    return [['a'] * len(p) for _ in q]\n"
+    msg = _tile_error(tmp_path, "strings", text)
     assert "plug-in 'strings'" in msg and "query rows 4-5 x pool rows 10-12" in msg
     assert "returned list that is not numbers; make score() return a [2, 3] array" in msg
     assert "\n" not in msg
 
 
 def test_a_plugin_that_raises_is_one_line_naming_it(tmp_path):
-    from plantbench.errors import PlantbenchError
-
     text = "def score(ctx, q, p):\n    raise KeyError('embedding')\n"
-    m = _loaded(tmp_path, "raiser", text)
-    with pytest.raises(PlantbenchError) as err:
-        m.score(None, *TILE)
-    msg = str(err.value)
+    msg = _tile_error(tmp_path, "raiser", text)
     assert msg.startswith("plug-in 'raiser' (") and "query rows 4-5 x pool rows 10-12" in msg
     assert "raised KeyError: 'embedding'; fix score() in" in msg and "\n" not in msg
 

@@ -94,9 +94,11 @@ def shared(cfg: dict[str, Any], paths: Paths, *, threads: int | None = None) -> 
     return meta
 
 
-def load_cache(paths: Paths, expect: dict[str, str]) -> dict[str, np.ndarray]:
-    """The shared cache as ``{key: vector}``, after checking it was made from ``expect``'s
-    inputs (a cache of other pools, facts, tokenizer or encoder is refused)."""
+def load_cache(
+    paths: Paths, expect: dict[str, str]
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The shared cache as ``{key: vector}`` and its meta, after checking it was made from
+    ``expect``'s inputs (a cache of other pools, facts, tokenizer or encoder is refused)."""
     where = paths.embed(SHARED)
     meta = io.read_meta(where, "embed_shared")
     for name, value in expect.items():
@@ -107,7 +109,7 @@ def load_cache(paths: Paths, expect: dict[str, str]) -> dict[str, np.ndarray]:
         raise ArtifactError(
             f"'{where}': {len(keys)} keys but {len(vectors)} vectors; rerun embed-shared"
         )
-    return dict(zip(keys.tolist(), vectors, strict=True))
+    return dict(zip(keys.tolist(), vectors, strict=True)), meta
 
 
 def lookup(
@@ -134,7 +136,8 @@ def embed(
     floats.set_threads(threads)
     texts, own = _texts(paths, model, tok)
     qs, fmeta = artifacts.queries_table(paths)
-    cache = load_cache(paths, {**common, "facts": fmeta["hash"], f"pool/{model}": own["pool"]})
+    expect = {**common, "facts": fmeta["hash"], f"pool/{model}": own["pool"]}
+    cache, shared_meta = load_cache(paths, expect)
     pool_v, n_pool_new = lookup(folder, texts, cache, f"{model} pool (not shared)")
     q_v, n_q_new = lookup(folder, query_texts(qs), cache, f"{model} queries (not shared)")
     log.info(
@@ -158,6 +161,6 @@ def embed(
         **own,
         "facts": fmeta["hash"],
         **common,
-        "shared": io.read_meta(paths.embed(SHARED), "embed_shared")["hash"],
+        "shared": shared_meta["hash"],
     }
     return write_vectors(paths.embed(model), "embed", pool_v, q_v, cfg, inputs, info)
