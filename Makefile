@@ -22,8 +22,11 @@ study: $(STAMP)
 	$(BIN)/snakemake $(SNAKEMAKE_ARGS)
 
 # the tests also compare against peer implementations (the `peers` extra: context-cite; and
-# kronfluence, without its dependencies: it requires torchvision, which would pull a CUDA build)
-KRONFLUENCE := kronfluence einconv einops opt_einsum
+# kronfluence, without its dependencies: it requires torchvision, which would pull a CUDA build;
+# and at2, also without them: at2.attribution imports only torch, transformers, datasets,
+# huggingface_hub, tqdm, pandas, nltk and spacy, which the extra already brings, while at2
+# requires matplotlib, ipywidgets and scikit-learn besides)
+KRONFLUENCE := kronfluence einconv einops opt_einsum at2
 $(PEERS): $(STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,peers]'
 	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt $(KRONFLUENCE)
