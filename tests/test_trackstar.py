@@ -22,7 +22,7 @@ from test_gradients import T, V, batch, model64, rel  # noqa: F401  (fixtures)
 
 
 def _scales(model: torch.nn.Module, names: list[str], seed: int = 0) -> dict[str, torch.Tensor]:
-    """Positive, uneven per-weight scales, like 1 / sqrt(v + eps)."""
+    """Positive, uneven per-weight scales, like 1 / (sqrt(v) + eps)."""
     g = torch.Generator().manual_seed(seed)
     mods = dict(model.named_modules())
     return {
@@ -121,7 +121,7 @@ def test_second_moments_are_adams_exp_avg_sq_and_belong_to_their_checkpoint(tmp_
     path = tmp_path / "moments" / "step_0000003.pt"
     save_moments(path, net, opt, "abc")
     scales = trackstar.load_scales(path, ["0", "1"], "abc")
-    assert torch.allclose(scales["0"], 1 / torch.sqrt(v["0.weight"].double() + 1e-6))
+    assert torch.allclose(scales["0"], 1 / (torch.sqrt(v["0.weight"].double()) + 1e-6))
     with pytest.raises(ArtifactError, match="another checkpoint"):
         trackstar.load_scales(path, ["0"], "other")
     with pytest.raises(ArtifactError, match="missing"):

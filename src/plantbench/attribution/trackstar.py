@@ -4,9 +4,10 @@ model pretraining"): optimizer-corrected, projected, whitened and unit-normalise
 For a pool window or a query ``z`` at the final checkpoint:
 
 1. the exact per-example weight gradient of every block linear, divided elementwise by the
-   square root of Adam's second moment at that checkpoint: ``g(z) / sqrt(v + eps)`` (the
-   optimizer-state correction; ``v`` and ``eps`` are saved beside each checkpoint by pretraining,
-   ``models/<twin>/moments/<checkpoint>.pt``);
+   square root of Adam's second moment at that checkpoint: ``g(z) / (sqrt(v) + eps)``, the
+   denominator of Adam's own update (the optimizer-state correction; ``v`` and ``eps`` are saved
+   beside each checkpoint by pretraining, ``models/<twin>/moments/<checkpoint>.pt``; bergson's
+   ``trackstar`` places eps the same way);
 2. projected with the study's projection (``features.projection``: the count sketch or LoGra,
    the same matrices as the plain gradient features), giving ``p(z)`` in ``D`` dimensions;
 3. whitened by the mixed curvature ``R = (1 - MIX) R_pool / m_pool + MIX R_query / m_query +
@@ -49,7 +50,7 @@ FEATURES = "features.npz"
 def load_scales(
     path: Path, module_names: list[str], checkpoint_hash: str
 ) -> dict[str, torch.Tensor]:
-    """Per block linear ``1 / sqrt(v + eps)`` (float64, ``[out, in]``) from a moments file,
+    """Per block linear ``1 / (sqrt(v) + eps)`` (float64, ``[out, in]``) from a moments file,
     refused unless it was saved for the checkpoint with ``checkpoint_hash``."""
     if not path.is_file():
         raise ArtifactError(
@@ -59,7 +60,7 @@ def load_scales(
     if rec.get("checkpoint_hash") != checkpoint_hash:
         raise ArtifactError(f"'{path}' belongs to another checkpoint; rerun the pretrain step")
     v, eps = rec["exp_avg_sq"], float(rec["eps"])
-    return {n: 1.0 / torch.sqrt(v[f"{n}.weight"].double() + eps) for n in module_names}
+    return {n: 1.0 / (torch.sqrt(v[f"{n}.weight"].double()) + eps) for n in module_names}
 
 
 def corrected(
@@ -71,7 +72,7 @@ def corrected(
     attention_mask: np.ndarray | None,
     batch: int,
 ) -> np.ndarray:
-    """Projected corrected gradients ``P (g / sqrt(v + eps))`` of every row, float64."""
+    """Projected corrected gradients ``P (g / (sqrt(v) + eps))`` of every row, float64."""
     dtype = torch.float64 if next(net.parameters()).dtype == torch.float64 else torch.float32
     out = np.zeros((len(ids), proj.dims))
     for a in range(0, len(ids), batch):

@@ -211,7 +211,7 @@ def projected_grads(
     """Projected per-example gradients, ``[n, projector.dims]`` in ``dtype``.
 
     ``scales`` (per module an ``[out, in]`` tensor): each example's exact weight gradient is
-    multiplied by it elementwise before the projection, e.g. TrackStar's ``1 / sqrt(v + eps)``
+    multiplied by it elementwise before the projection, e.g. TrackStar's ``1 / (sqrt(v) + eps)``
     (:mod:`plantbench.attribution.trackstar`); the gradient is then formed per module (the
     count sketch forms it anyway; LoGra forms it only here).
 

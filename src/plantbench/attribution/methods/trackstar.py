@@ -1,5 +1,5 @@
 """TrackStar (Chang et al. 2024): the cosine of optimizer-corrected, projected gradients whitened
-by a mixed pool + query Fisher, ``f_q . f_d`` with ``f = unit(R^{-1/2} P (g / sqrt(v + eps)))``
+by a mixed pool + query Fisher, ``f_q . f_d`` with ``f = unit(R^{-1/2} P (g / (sqrt(v) + eps)))``
 (:mod:`plantbench.attribution.trackstar`). Off by default (``methods.enabled``): its features cost
 one more gradient pass over the pool and the queries at the final checkpoint."""
 
