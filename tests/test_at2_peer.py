@@ -19,17 +19,17 @@ Measured (Spearman of a context's segment scores, ours against the package's, me
 held-out contexts of 4 segments and 32 ablations each; cosine of the two weight vectors, per
 fold):
 
-* outcomes additive in the attention (planted head weights): at the matching choice, a
-  vanishing ridge (``at2_ridge`` 1e-9: plain least squares), both recover the planted weights,
-  cosine 0.99998 and 0.99997, Spearman 0.99; at the suite's ridge (1 x the mean diagonal of the
-  normal equations) ours is shrunk off them, cosine 0.89 and 0.95, Spearman 0.86;
+* outcomes additive in the attention (planted head weights): at a vanishing ridge (``at2_ridge``
+  1e-9: plain least squares) and at the suite's default (1e-4 x the mean diagonal of the normal
+  equations) both recover the planted weights, cosines 0.99998 and 0.99997, Spearman 0.99;
 * a random tiny Llama's own attention and ablations (our ``at2.score`` on the suite's oracle):
-  vanishing ridge, cosine 0.78 and 0.96, Spearman 0.79; the suite's ridge, cosine 0.01 and 0.02,
-  Spearman 0.13. Its heads' features are nearly collinear (the normal equations' eigenvalues:
-  120 along the uniform direction, under 1e-3 across it), so the ridge, 1 x the mean diagonal
-  (30), leaves ours at the uniform weights, the plain attention mass, while the package's
-  correlation fit (no ridge) follows the small directions: at the suite's ridge the two do not
-  agree on this model; the study's twins were not measured here.
+  vanishing ridge, cosines 0.78 and 0.96, Spearman 0.79; the suite's default, cosines 0.89 and
+  0.98, Spearman 0.78. Its heads' features are nearly collinear (the normal equations'
+  eigenvalues: 120 along the uniform direction, under 1e-3 across it). The suite's first default,
+  1 x the mean diagonal (30), left ours at the uniform weights, the plain attention mass
+  (cosines 0.01 and 0.02, Spearman 0.13), while the package's correlation fit (no ridge) follows
+  the small directions; over ridges 1e-9, 1e-6, 1e-4, 1e-3, 1e-2, 1e-1 the Spearman was 0.79,
+  0.78, 0.78, 0.28, 0.23, 0.13, hence the default 1e-4.
 
 The package's trainer runs here with 300 steps at learning rate 1e-2 and every training context
 in each batch (its defaults: 1,000 steps at 1e-3, batches of 512 contexts, recover the planted
@@ -53,6 +53,7 @@ from tokenizers import Tokenizer, models
 
 from plantbench.suites.context.methods import at2
 from plantbench.suites.context.oracle import Oracle
+from plantbench.suites.context.settings import DEFAULTS
 from tiny_models import tiny_llama
 
 pytestmark = pytest.mark.skipif(
@@ -60,7 +61,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 K, ABLATIONS, CONTEXTS = 4, 32, 24
-RIDGE = 1.0  # the suite's default at2_ridge
+RIDGE = DEFAULTS["at2_ridge"]  # the suite's default at2_ridge
 LEAST_SQUARES = 1e-9  # a vanishing ridge: the plain least-squares fit
 
 
@@ -136,9 +137,8 @@ def _compare(records: dict[str, at2.Record], layers: int, heads: int, tmp: Path,
 
 def test_the_package_learns_our_weights_when_outcomes_are_additive_in_attention(tmp_path):
     """Outcomes = the kept segments' attention weighted by planted head weights, plus each
-    context's own offset and a little noise: with a vanishing ridge both recover the weights
-    (measured: cosines 0.99998, 0.99997; Spearman 0.99); the suite's ridge shrinks ours off them
-    (measured: cosines 0.89, 0.95; Spearman 0.86)."""
+    context's own offset and a little noise: with a vanishing ridge and with the suite's both
+    recover the weights (measured: cosines 0.99998, 0.99997; Spearman 0.99)."""
     gen = np.random.default_rng(0)
     layers, heads = 2, 2
     theta = np.array([2.0, 0.5, -1.0, 1.5])
@@ -152,7 +152,7 @@ def test_the_package_learns_our_weights_when_outcomes_are_additive_in_attention(
     rho_d, cosines_d = _compare(records, layers, heads, tmp_path / "ridge", RIDGE)
     print(f"planted: Spearman {rho:.3f} / {rho_d:.3f} (ridge), cosines {cosines} / {cosines_d}")
     assert min(cosines) > 0.999 and rho > 0.95
-    assert min(cosines_d) > 0.8 and rho_d > 0.6
+    assert min(cosines_d) > 0.999 and rho_d > 0.95
 
 
 def _contexts(gen: np.random.Generator) -> list[tuple[list[str], str]]:
@@ -169,8 +169,8 @@ def _contexts(gen: np.random.Generator) -> list[tuple[list[str], str]]:
 
 def test_the_package_and_ours_rank_segments_alike_on_a_tiny_models_ablations(tmp_path):
     """A random tiny Llama's own attention and ablation outcomes (our ``at2.score`` on the
-    suite's oracle), fitted both ways (measured: Spearman 0.79 with a vanishing ridge, 0.13 with
-    the suite's ridge: see the module docstring)."""
+    suite's oracle), fitted both ways (measured: Spearman 0.79 with a vanishing ridge, 0.78 with
+    the suite's: see the module docstring)."""
     chars = sorted(set(string.ascii_lowercase[:12] + " ?\n"))
     tok = Tokenizer(models.BPE(vocab={c: i + 3 for i, c in enumerate(chars)}, merges=[]))
     model = tiny_llama(n_layer=2, vocab=32, window=128, seed=0)
@@ -185,4 +185,4 @@ def test_the_package_and_ours_rank_segments_alike_on_a_tiny_models_ablations(tmp
     rho, cosines = _compare(records, 2, 2, tmp_path / "ls", LEAST_SQUARES)
     rho_d, cosines_d = _compare(records, 2, 2, tmp_path / "ridge", RIDGE)
     print(f"tiny model: Spearman {rho:.3f} / {rho_d:.3f} (ridge), cosines {cosines} / {cosines_d}")
-    assert rho > 0.6 and rho_d > 0.0
+    assert rho > 0.6 and rho_d > 0.6

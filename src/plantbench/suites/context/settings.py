@@ -18,7 +18,7 @@ DEFAULTS: dict[str, Any] = {
     "shapley_permutations": 16,  # TokenSHAP: Monte Carlo permutations per context
     "tracllm_top": 2,  # TracLLM: nodes kept at each level of the binary search
     "tracllm_loo_weight": 2.0,  # TracLLM: w_loo of max(w_loo * LOO, STC)
-    "at2_ridge": 1.0,  # AT2: ridge weight (x the mean diagonal of the normal equations)
+    "at2_ridge": 1e-4,  # AT2: ridge weight (x the mean diagonal of the normal equations)
     "attntrace_top_k": 5,  # AttnTrace: a segment's score sums its K highest-scoring tokens
     "attntrace_subsamples": 8,  # AttnTrace: random context subsamples besides the full context
     "attntrace_keep": 0.5,  # AttnTrace: keep probability of a segment in a subsample

@@ -11,9 +11,10 @@ Training labels: the suite's own ablations. Per context, ``settings.ablations`` 
 (each segment kept with probability 1/2) and the response's logit-probability under each
 (ContextCite's target). The surrogate of an ablation is the sum of the kept segments' scores;
 ``theta`` minimises the squared error of the surrogate against the target, both centred within
-each context (the intercept of each context drops out), plus a ridge ``settings.at2_ridge`` x
-the normal equations' mean diagonal: a closed-form, deterministic stand-in for the published
-SGD on a correlation loss, with the same linear model over the same features.
+each context (the intercept of each context drops out), plus a ridge ``settings.at2_ridge``
+(1e-4) x the normal equations' mean diagonal: a closed-form, deterministic stand-in for the
+published SGD on a correlation loss, with the same linear model over the same features (the
+``at2`` package's trainer on the same records ranks segments alike: ``tests/test_at2_peer.py``).
 
 No leakage: the facts are split into two seeded folds, and a context's scores use the weights
 learned on the other fold's contexts only (its own masks and its fact's other query form are
