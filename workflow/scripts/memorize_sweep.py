@@ -4,13 +4,18 @@ from a finished study's shared prefix under config overrides, then the answer ke
 An experiment, not a workflow step. The workflow refuses a prefix state made with another train
 config or another stream prefix (``models/prefix/fork.pt``); this script accepts the finished
 study's fork for the variant on purpose: only the paired part differs (steps, documents per
-fact, weight decay ...), and the variant's stream prefix differs from the study's only in which
+fact ...), and the variant's stream prefix differs from the study's only in which
 invented names the recall windows avoid (the grid's). Everything else is the package's own
 code: ``plantbench config``, ``facts``, ``stream``, ``pretrain`` (both twins at once, one thread
 each) and ``causal``.
 
     python workflow/scripts/memorize_sweep.py STUDY_RESULTS OUT_FOLDER 'YAML OVERRIDES'
     e.g. ... results sweep/s2d2 '{train: {steps: 7360}, facts: {n_docs: [2, 8, 32, 128]}}'
+
+The optimizer's own hyperparameters (weight decay, betas, eps, the peak learning rate) come back
+with its state from the fork, so overriding them here changes nothing: a ``train.weight_decay:
+0`` variant reproduced the study's answer key bitwise. The schedule's length does follow the
+variant (``train.steps``).
 
 It prints the causal step's recipe summary (``learned_final_loss`` is the learned facts' mean
 answer loss per token) and the learned share and answer loss per cell.
