@@ -77,6 +77,13 @@ def cmd_corpus(args: argparse.Namespace) -> None:
     print(f"corpus {meta['hash']}")
 
 
+def cmd_jsonl_corpus(args: argparse.Namespace) -> None:
+    from plantbench.data import corpus
+
+    n = corpus.write_jsonl(args.folder, args.max_bytes)
+    print(f"jsonl-corpus {n} documents -> {args.folder}")
+
+
 def cmd_tokenizer(args: argparse.Namespace) -> None:
     from plantbench.data import tokenizer
 
@@ -610,6 +617,13 @@ def _opts_plan(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _opts_jsonl_corpus(p: argparse.ArgumentParser) -> None:
+    p.add_argument("folder", type=Path, help="the folder to write part-NNNN.jsonl files into")
+    p.add_argument(
+        "--max-bytes", type=int, default=2_000_000, help="bytes of text (default 2,000,000)"
+    )
+
+
 def _opts_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
@@ -645,6 +659,7 @@ OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "verify": _opts_verify,
     "export": _opts_export,
     "plan": _opts_plan,
+    "jsonl-corpus": _opts_jsonl_corpus,
     "bench": _opts_bench,
     "serve": _opts_serve,
 }
@@ -653,6 +668,10 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "config": (cmd_config, "validate the config and write the resolved copy every step reads"),
     "facts": (cmd_facts, "invent the facts, documents, distractors, queries and candidates"),
     "corpus": (cmd_corpus, "collect background text and split off held-out padding text"),
+    "jsonl-corpus": (
+        cmd_jsonl_corpus,
+        "write the standard library's text as a local jsonl corpus (the rehearsal's source)",
+    ),
     "tokenizer": (cmd_tokenizer, "train the byte-level BPE tokenizer"),
     "stream": (cmd_stream, "build both twins' token streams and manifests"),
     "batch": (cmd_batch, "print the windows of one optimizer step with their hashes"),

@@ -18,6 +18,15 @@ Counting rules (stated so that the table can be checked by hand):
   TracIn checkpoints for the TracIn ones); the others are memory-bound and not counted.
 * GPU-hours = FLOPs / (bf16 dense peak x utilisation) / 3600; CPU-only stages (corpus,
   tokenizer, stream, pool, BM25, curvature, analysis) have none.
+* Memory (``mem``): the peak resident memory of one job of the stage, what ``mem_mb`` of that
+  rule needs (on a GPU node: host memory; the device's own is about the same tensors). A job
+  starts at ``BASE_BYTES`` (Python, pandas, pyarrow) or ``TORCH_BASE_BYTES`` (with torch and
+  transformers); a model costs 4 bytes a parameter, training 16 (weights, gradients, two Adam
+  moments) per data-parallel process; a window's activations ``act_bytes`` = the head's logits
+  (``LOGIT_BYTES`` per vocabulary entry and token: fp32 logits, their gradient, the log-softmax)
+  plus ``LAYER_BYTES`` per layer, width and intermediate entry and token; the rest is the stage's
+  own arrays (the sketch's tables, the Fisher and its eigendecomposition, EK-FAC's factors and a
+  chunk of preconditioned queries). Calibrated on the rehearsal (``plantbench plan --measured``).
 * Disk: the token stream (uint16 when the vocabulary fits) plus ~40 bytes of manifest per
   window, checkpoints as fp32 safetensors (4 bytes/param), the resumable state (fp32 weights and
   two Adam moments, 12 bytes/param, rounded up to 16 for the optimizer's bookkeeping and RNG),
@@ -41,6 +50,10 @@ GPU_PEAK_BF16: dict[str, float] = {
     "a4500": 94.6e12,  # RTX A4500 (20 GB)
 }
 DEFAULT_UTILISATION = 0.40
+BASE_BYTES = 0.3e9  # a job's Python with pandas and pyarrow
+TORCH_BASE_BYTES = 0.75e9  # ... with torch and transformers imported
+LOGIT_BYTES = 12  # per token and vocabulary entry: fp32 logits, their gradient, log-softmax
+LAYER_BYTES = 6  # per token, layer and (8 x width + 4 x intermediate) entry: saved activations
 ENCODER_PARAMS = 110_000_000  # bge-base / BERT-base
 ENCODER_TOKENS = 512
 GRAD_METHODS = {"grad_dot": 1, "grad_cos": 1, "influence": 1}  # checkpoints they read: final only
@@ -55,6 +68,7 @@ class Stage:
     tokens: float = 0.0
     flops: float = 0.0
     disk_bytes: float = 0.0
+    mem_bytes: float = 0.0  # peak resident memory of one job
     gpu: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -96,6 +110,11 @@ class Shape:
     def grad_flops_per_token(self) -> float:
         return 4 * self.matmul_params + 2 * self.attn_flops_per_token
 
+    def act_bytes(self, tokens: float) -> float:
+        """Activations of a forward and backward over ``tokens`` tokens (logits dominate)."""
+        per_layer = 8 * self.width + 4 * self.intermediate
+        return tokens * (LOGIT_BYTES * self.vocab + LAYER_BYTES * self.n_layer * per_layer)
+
 
 def shape_of(cfg: dict[str, Any]) -> Shape:
     m = cfg["model"]
@@ -103,7 +122,7 @@ def shape_of(cfg: dict[str, Any]) -> Shape:
         int(m["n_layer"]),
         int(m["n_embd"]),
         int(m["intermediate"]),
-        int(cfg["tokenizer"]["vocab_size"]),
+        int(m.get("vocab_size") or cfg["tokenizer"]["vocab_size"]),
         int(cfg["stream"]["window"]),
     )
 
@@ -196,14 +215,22 @@ def plan(cfg: dict[str, Any], query_tokens: int = 32) -> list[Stage]:
     """Every stage's work and disk. ``query_tokens``: tokens of one query + answer (estimate)."""
     z = _sizes(cfg, query_tokens)
     out = _data_stages(cfg, z)
-    out.append(_pretrain_stage(z))
+    out.append(_pretrain_stage(cfg, z))
     out.append(_causal_stage(cfg, z))
     out.append(_pool_stage(z))
     out.append(_grads_stage(cfg, z))
     out += _curvature_stages(cfg, z)
-    out += _forward_stages(z)
+    out += _forward_stages(cfg, z)
     out.append(_score_stage(cfg, z))
-    out.append(Stage("analysis+report", 2, "AP, correlations, bootstrap, figures", disk_bytes=5e7))
+    out.append(
+        Stage(
+            "analysis+report",
+            2,
+            "AP, correlations, bootstrap, figures",
+            disk_bytes=5e7,
+            mem_bytes=TORCH_BASE_BYTES,
+        )
+    )
     return out
 
 
@@ -212,23 +239,39 @@ def _data_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
     s, nm, n_win, W = z.s, z.nm, z.n_win, z.W
     corpus_bytes = float(cfg["corpus"]["max_bytes"]) or z.tokens_per_model * 4.0
     corpus = Stage(
-        "corpus", 1, f"collect up to {_si(corpus_bytes)}B of text", disk_bytes=corpus_bytes
+        "corpus",
+        1,
+        f"collect up to {_si(corpus_bytes)}B of text",
+        disk_bytes=corpus_bytes,
+        mem_bytes=BASE_BYTES + 3 * corpus_bytes,  # the documents, their table, the parquet
     )
     cap = float(cfg["tokenizer"].get("max_train_bytes", 0))
     on = f"a {_si(cap)}B sample" if cap and cap < corpus_bytes else "the corpus"
-    tokenizer = Stage("tokenizer", 1, f"BPE {s.vocab:,} on {on}", disk_bytes=5e6)
+    sample = min(cap, corpus_bytes) if cap else corpus_bytes
+    tokenizer = Stage(
+        "tokenizer",
+        1,
+        f"BPE {s.vocab:,} on {on}",
+        disk_bytes=5e6,
+        mem_bytes=BASE_BYTES + 10 * sample,  # BPE's word counts and pair index
+    )
     stream = Stage(
         "stream",
         1,
         f"{nm} x {n_win:,} windows x {W:,} tokens",
         tokens=nm * z.tokens_per_model,
         disk_bytes=nm * (z.tokens_per_model * z.tok_bytes + n_win * 40),
+        # the corpus tokenized (int64 ids, Python lists) and one twin's windows at a time
+        mem_bytes=TORCH_BASE_BYTES + 3 * corpus_bytes + z.tokens_per_model * 8,
     )
     return [corpus, tokenizer, stream]
 
 
-def _pretrain_stage(z: _Sizes) -> Stage:
+def _pretrain_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
     nm, tokens_per_model = z.nm, z.tokens_per_model
+    devices, micro = int(cfg["train"]["devices"]), int(cfg["train"]["micro_batch_windows"])
+    per_process = TORCH_BASE_BYTES + 16 * z.params + z.s.act_bytes(micro * z.W)
+    launcher = BASE_BYTES if devices > 1 else 0.0  # torchrun's own process
     return Stage(
         "pretrain",
         nm,
@@ -237,6 +280,7 @@ def _pretrain_stage(z: _Sizes) -> Stage:
         tokens=nm * tokens_per_model,
         flops=nm * tokens_per_model * z.s.train_flops_per_token(),
         disk_bytes=nm * (z.ckpts * z.params * 4 + z.params * 16),
+        mem_bytes=devices * per_process + launcher,
         gpu=True,
     )
 
@@ -257,6 +301,10 @@ def _causal_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
         flops=c_tok * z.s.forward_flops_per_token(),
         gpu=True,
         disk_bytes=1e6,
+        # a batch of prompts with their context segments, forward only (no gradient: a third)
+        mem_bytes=TORCH_BASE_BYTES
+        + 4 * z.params
+        + z.s.act_bytes(int(cfg["causal"]["batch_size"]) * (k_ctx + 1) * query_tokens) / 3,
     )
 
 
@@ -268,6 +316,7 @@ def _pool_stage(z: _Sizes) -> Stage:
         f"{nm} x {z.n_pool:,} windows ({counts['planted']:,} planted, "
         f"{counts['distractor']:,} distractor, {counts['background']:,} random)",
         disk_bytes=nm * z.n_pool * 60,
+        mem_bytes=TORCH_BASE_BYTES,
     )
 
 
@@ -275,7 +324,20 @@ def _grads_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
     s, nm, k_tr, n_pool, n_queries = z.s, z.nm, z.k_tr, z.n_pool, z.n_queries
     g_tok = nm * k_tr * (n_pool * z.W + n_queries * z.query_tokens)
     # a count sketch forms every window's exact block-linear gradient: 2 P_b flops per token
-    sketch_flops = 2 * s.block_linear_params if cfg["features"]["projection"] == "sketch" else 0
+    sketch = cfg["features"]["projection"] == "sketch"
+    sketch_flops = 2 * s.block_linear_params if sketch else 0
+    b = int(cfg["features"]["batch_windows"])
+    # the model, a batch's activations, the batch's exact per-example gradients of one layer's
+    # linears (a sketch: float32), the sketch's bucket and sign tables (int64 + float32 a
+    # weight), the shard's rows in float32 before the store's dtype
+    per_layer = s.block_linear_params // max(1, s.n_layer)
+    mem = (
+        TORCH_BASE_BYTES
+        + 4 * z.params
+        + s.act_bytes(b * z.W)
+        + (b * per_layer * 4 + s.block_linear_params * 12 if sketch else 0)
+        + int(cfg["features"]["shard_windows"]) * z.D * 4
+    )
     return Stage(
         "grads",
         nm * k_tr * (z.shards + 1),
@@ -283,6 +345,7 @@ def _grads_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
         tokens=g_tok,
         flops=g_tok * (s.grad_flops_per_token() + sketch_flops),
         disk_bytes=nm * k_tr * (n_pool + n_queries) * z.D * z.gbytes,
+        mem_bytes=mem,
         gpu=True,
     )
 
@@ -290,6 +353,8 @@ def _grads_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
 def _curvature_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
     """The Fisher of the gradient store, then EK-FAC's passes when enabled."""
     s, nm, k_tr, n_pool, n_queries = z.s, z.nm, z.k_tr, z.n_pool, z.n_queries
+    budget = layout.ekfac_memory_bytes(cfg)
+    b = int(cfg["features"]["batch_windows"])
     blocks = 7 * s.n_layer
     kk = int(cfg["features"]["grad_k_in"]) * int(cfg["features"]["grad_k_out"])
     per_module = cfg["curvature"]["mode"] == "block" and cfg["features"]["projection"] == "logra"
@@ -301,19 +366,24 @@ def _curvature_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
             f"{cfg['curvature']['mode']} Fisher of {n_pool:,} rows",
             flops=nm * k_tr * 2 * n_pool * cov,
             disk_bytes=nm * k_tr * cov * 8 * 2,
+            # float64 sums, eigenvectors and LAPACK's workspace, each the size of the blocks
+            mem_bytes=TORCH_BASE_BYTES + 3 * cov * 8,
         )
     ]
     if "ekfac" in cfg["methods"]["enabled"]:
-        out.append(_ekfac_stage(s, nm, n_pool, n_queries))
+        out.append(_ekfac_stage(s, nm, n_pool, n_queries, budget, b))
     if "tracin_ekfac" in cfg["methods"]["enabled"] and k_tr > 1:
         more = f"as ekfac, at {k_tr - 1} more TracIn checkpoint(s) per model"
         out.append(
-            replace(_ekfac_stage(s, nm * (k_tr - 1), n_pool, n_queries, final=False), work=more)
+            replace(
+                _ekfac_stage(s, nm * (k_tr - 1), n_pool, n_queries, budget, b, final=False),
+                work=more,
+            )
         )
     return out
 
 
-def _forward_stages(z: _Sizes) -> list[Stage]:
+def _forward_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
     """hidden states and text embeddings of the pool and the queries."""
     s, nm, W, n_pool, n_queries = z.s, z.nm, z.W, z.n_pool, z.n_queries
     h_tok = nm * (n_pool * W + n_queries * z.query_tokens)
@@ -325,6 +395,10 @@ def _forward_stages(z: _Sizes) -> list[Stage]:
         flops=h_tok * s.forward_flops_per_token(),
         gpu=True,
         disk_bytes=nm * (n_pool + n_queries) * s.width * 4,
+        # forward only, batches of twice features.batch_windows
+        mem_bytes=TORCH_BASE_BYTES
+        + 4 * z.params
+        + s.act_bytes(2 * int(cfg["features"]["batch_windows"]) * W) / 3,
     )
     e_tok = nm * (n_pool * min(W, ENCODER_TOKENS) + n_queries * z.query_tokens)
     embed = Stage(
@@ -335,6 +409,7 @@ def _forward_stages(z: _Sizes) -> list[Stage]:
         flops=e_tok * 2 * ENCODER_PARAMS,
         gpu=True,
         disk_bytes=nm * (n_pool + n_queries) * 768 * 4,
+        mem_bytes=TORCH_BASE_BYTES + 4 * ENCODER_PARAMS,
     )
     return [hidden, embed]
 
@@ -357,28 +432,47 @@ def _score_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
         f"{n_pool:,} windows = {_si(nm * len(methods) * pairs)} pairs",
         flops=sflops,
         disk_bytes=nm * len(methods) * n_queries * (k * 32 + 64),
+        # the pool's and the queries' features in float32, float64 tiles of scores
+        mem_bytes=TORCH_BASE_BYTES
+        + (n_pool + n_queries) * D * 4
+        + 3 * 8 * int(cfg["scoring"]["query_block"]) * int(cfg["scoring"]["pool_block"]),
     )
 
 
-def _ekfac_stage(s: Shape, nm: int, n_pool: int, n_queries: int, final: bool = True) -> Stage:
+def _ekfac_stage(
+    s: Shape, nm: int, n_pool: int, n_queries: int, budget: int, b: int, final: bool = True
+) -> Stage:
     """EK-FAC (:mod:`plantbench.attribution.ekfac`): passes over the pool at the final checkpoint (Kronecker
     factors, corrected eigenvalues, then scores once per chunk of queries whose preconditioned
     gradients fit in :data:`plantbench.layout.EKFAC_MEMORY_BYTES`), full weight gradients, never stored."""
     d, f, p = s.width, s.intermediate, s.block_linear_params
     squares = s.n_layer * (8 * d * d + 3 * (d * d + f * f))  # sum over modules of in^2 + out^2
-    passes = 2 + len(
-        layout.ekfac_query_chunks(n_queries, p)
-    )  # factors, eigenvalues, scores per chunk
+    chunk_list = layout.ekfac_query_chunks(n_queries, p, budget)
+    chunks, per_chunk = len(chunk_list), max(e - a for a, e in chunk_list)
+    # the model, a batch's activations, float64 factors (in^2 + out^2 a module) with their
+    # eigenvectors, the eigenvalues and a batch's weight gradients (float64), one chunk of
+    # preconditioned float32 query gradients
+    mem = (
+        TORCH_BASE_BYTES
+        + 4 * s.total_params(True)
+        + s.act_bytes(b * s.window)
+        + 2 * squares * 8
+        + 2 * p * 8
+        + per_chunk * p * 4
+    )
+    passes = 2 + chunks  # factors, eigenvalues, scores per chunk
     per_token = passes * s.grad_flops_per_token() + 4 * squares + 2 * (passes - 1) * p
     tokens = nm * passes * n_pool * s.window
     return Stage(
         "ekfac" if final else "ekfac_tracin",
         nm,
-        f"{nm} models x {passes} passes over {n_pool:,} windows, {p:,} weights unprojected",
+        f"{nm} models x {passes} passes over {n_pool:,} windows ({chunks} query chunk"
+        f"{'s' if chunks > 1 else ''}), {p:,} weights unprojected",
         tokens=tokens,
         flops=nm * n_pool * s.window * per_token + nm * 2 * n_pool * n_queries * p,
         gpu=True,
         disk_bytes=nm * n_pool * n_queries * 8,
+        mem_bytes=mem,
     )
 
 
