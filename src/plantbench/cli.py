@@ -370,6 +370,11 @@ def cmd_plan(args: argparse.Namespace) -> None:
         known = ", ".join(plan.GPU_PEAK_BF16)
         raise PlantbenchError(f"--gpu {unknown[0]} is unknown; use one of: {known}")
     print(plan.format_markdown(cfg, plan.plan(cfg), gpus, args.utilisation))
+    if args.measured is not None:
+        from plantbench.ops import plan_measured
+
+        out = plan_measured.write(cfg, args.measured)
+        print(f"\n{out.read_text()}plan against measurement -> {out}")
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -614,6 +619,13 @@ def _opts_plan(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--utilisation", type=float, default=0.4, help="share of the bf16 peak (default 0.4)"
+    )
+    p.add_argument(
+        "--measured",
+        type=Path,
+        metavar="DIR",
+        help="a run's benchmarks folder: write plan_vs_measured.md there (the plan beside the "
+        "jobs' seconds and peak memory)",
     )
 
 

@@ -50,7 +50,8 @@ GPU_PEAK_BF16: dict[str, float] = {
     "a4500": 94.6e12,  # RTX A4500 (20 GB)
 }
 DEFAULT_UTILISATION = 0.40
-BASE_BYTES = 0.3e9  # a job's Python with pandas and pyarrow
+BASE_BYTES = 0.15e9  # a job's Python with pandas and pyarrow
+BATCH_DOCS = 2048  # documents a data step holds at once (they stream: corpus, stream)
 TORCH_BASE_BYTES = 0.75e9  # ... with torch and transformers imported
 LOGIT_BYTES = 12  # per token and vocabulary entry: fp32 logits, their gradient, log-softmax
 LAYER_BYTES = 6  # per token, layer and (8 x width + 4 x intermediate) entry: saved activations
@@ -238,12 +239,14 @@ def _data_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
     """corpus, tokenizer and the token stream (CPU)."""
     s, nm, n_win, W = z.s, z.nm, z.n_win, z.W
     corpus_bytes = float(cfg["corpus"]["max_bytes"]) or z.tokens_per_model * 4.0
+    # a batch of documents as Python strings (4 bytes a character at worst)
+    batch_text = BATCH_DOCS * int(cfg["corpus"]["max_doc_chars"]) * 4.0
     corpus = Stage(
         "corpus",
         1,
         f"collect up to {_si(corpus_bytes)}B of text",
         disk_bytes=corpus_bytes,
-        mem_bytes=BASE_BYTES + 3 * corpus_bytes,  # the documents, their table, the parquet
+        mem_bytes=BASE_BYTES + batch_text,
     )
     cap = float(cfg["tokenizer"].get("max_train_bytes", 0))
     on = f"a {_si(cap)}B sample" if cap and cap < corpus_bytes else "the corpus"
@@ -261,8 +264,8 @@ def _data_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
         f"{nm} x {n_win:,} windows x {W:,} tokens",
         tokens=nm * z.tokens_per_model,
         disk_bytes=nm * (z.tokens_per_model * z.tok_bytes + n_win * 40),
-        # the corpus tokenized (int64 ids, Python lists) and one twin's windows at a time
-        mem_bytes=TORCH_BASE_BYTES + 3 * corpus_bytes + z.tokens_per_model * 8,
+        # a batch of documents and their ids (the tokens go to a memory-mapped scratch file)
+        mem_bytes=BASE_BYTES + 2 * batch_text,
     )
     return [corpus, tokenizer, stream]
 
@@ -316,7 +319,7 @@ def _pool_stage(z: _Sizes) -> Stage:
         f"{nm} x {z.n_pool:,} windows ({counts['planted']:,} planted, "
         f"{counts['distractor']:,} distractor, {counts['background']:,} random)",
         disk_bytes=nm * z.n_pool * 60,
-        mem_bytes=TORCH_BASE_BYTES,
+        mem_bytes=BASE_BYTES + z.n_pool * 200,  # the pool and manifest tables
     )
 
 
@@ -498,7 +501,8 @@ def format_markdown(
     utilisation: float = DEFAULT_UTILISATION,
 ) -> str:
     s = shape_of(cfg)
-    head = ["stage", "jobs", "work", "tokens", "FLOPs", "disk"] + [f"{g.upper()} h" for g in gpus]
+    head = ["stage", "jobs", "work", "tokens", "FLOPs", "disk", "mem/job"]
+    head += [f"{g.upper()} h" for g in gpus]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     tot_f = tot_d = 0.0
     for st in stages:
@@ -510,13 +514,14 @@ def format_markdown(
             _si(st.tokens) if st.tokens else "-",
             _si(st.flops) if st.flops else "-",
             f"{_si(st.disk_bytes)}B",
+            f"{_si(st.mem_bytes)}B",
         ] + hours
         lines.append("| " + " | ".join(row) + " |")
         tot_f += st.flops if st.gpu else 0.0
         tot_d += st.disk_bytes
     total = [f"{gpu_hours(tot_f, g, utilisation):.1f}" for g in gpus]
     lines.append(
-        "| **total** | | | | " + f"{_si(tot_f)} | {_si(tot_d)}B | " + " | ".join(total) + " |"
+        "| **total** | | | | " + f"{_si(tot_f)} | {_si(tot_d)}B | | " + " | ".join(total) + " |"
     )
     per_tok = s.train_flops_per_token()
     lines += [
@@ -526,7 +531,9 @@ def format_markdown(
         f"{s.matmul_params:,}; training FLOPs/token = 6N + 12·L·d·T = {per_tok / 1e6:.1f}M.",
         f"GPU-hours at {utilisation:.0%} of the bf16 dense peak ("
         + ", ".join(f"{g.upper()} {GPU_PEAK_BF16[g] / 1e12:.0f} TFLOP/s" for g in gpus)
-        + "); '-' = CPU stage. Per model, pretraining takes half the pretrain row.",
+        + "); '-' = CPU stage. Per model, pretraining takes half the pretrain row. mem/job: "
+        "one job's peak resident memory (its rule's mem_mb; pretrain: all train.devices "
+        "processes of a twin).",
     ]
     return "\n".join(lines)
 
