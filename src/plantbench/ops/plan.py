@@ -51,7 +51,7 @@ GPU_PEAK_BF16: dict[str, float] = {
 }
 DEFAULT_UTILISATION = 0.40
 BASE_BYTES = 0.15e9  # a job's Python with pandas and pyarrow
-BATCH_DOCS = 2048  # documents a data step holds at once (they stream: corpus, stream)
+ROW_GROUP_CHARS = 128e6  # characters a streaming data step holds at once (corpus, stream)
 TORCH_BASE_BYTES = 0.75e9  # ... with torch and transformers imported
 LOGIT_BYTES = 12  # per token and vocabulary entry: fp32 logits, their gradient, log-softmax
 LAYER_BYTES = 6  # per token, layer and (8 x width + 4 x intermediate) entry: saved activations
@@ -239,8 +239,9 @@ def _data_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
     """corpus, tokenizer and the token stream (CPU)."""
     s, nm, n_win, W = z.s, z.nm, z.n_win, z.W
     corpus_bytes = float(cfg["corpus"]["max_bytes"]) or z.tokens_per_model * 4.0
-    # a batch of documents as Python strings (4 bytes a character at worst)
-    batch_text = BATCH_DOCS * int(cfg["corpus"]["max_doc_chars"]) * 4.0
+    # a row group of documents as Python strings (4 bytes a character at worst); measured: corpus
+    # 0.69 GB and stream 0.68 GB on 400 MB of jsonl, tokenizer 0.34 GB (docs/results/2026-12.md)
+    batch_text = min(corpus_bytes, ROW_GROUP_CHARS) * 4.0
     corpus = Stage(
         "corpus",
         1,
@@ -256,7 +257,7 @@ def _data_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
         1,
         f"BPE {s.vocab:,} on {on}",
         disk_bytes=5e6,
-        mem_bytes=BASE_BYTES + 10 * sample,  # BPE's word counts and pair index
+        mem_bytes=BASE_BYTES + 0.5 * sample,  # BPE's word counts and pair index
     )
     stream = Stage(
         "stream",
@@ -264,8 +265,8 @@ def _data_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
         f"{nm} x {n_win:,} windows x {W:,} tokens",
         tokens=nm * z.tokens_per_model,
         disk_bytes=nm * (z.tokens_per_model * z.tok_bytes + n_win * 40),
-        # a batch of documents and their ids (the tokens go to a memory-mapped scratch file)
-        mem_bytes=BASE_BYTES + 2 * batch_text,
+        # a row group of documents (the tokens go to a memory-mapped scratch file)
+        mem_bytes=BASE_BYTES + batch_text,
     )
     return [corpus, tokenizer, stream]
 
@@ -406,7 +407,7 @@ def _forward_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
     e_tok = nm * (n_pool * min(W, ENCODER_TOKENS) + n_queries * z.query_tokens)
     embed = Stage(
         "embed",
-        nm,
+        nm + 1,  # the shared job embeds both pools' texts once; one job per twin reads it
         f"encoder (~{ENCODER_PARAMS / 1e6:.0f}M params) on pool + queries",
         tokens=e_tok,
         flops=e_tok * 2 * ENCODER_PARAMS,

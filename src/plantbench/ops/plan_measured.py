@@ -145,9 +145,12 @@ def markdown(cfg: dict[str, Any], bench_dir: Path) -> str:
             f"{r.cpu_s:.1f} | {r.wall_s:.1f} | {_fmt(r.work_ratio(rate))} | "
             f"{r.mem_planned_mb:.0f} | {r.mem_measured_mb:.0f} | {_fmt(r.mem_ratio())} |"
         )
-    rest = unmeasured(jobs)
-    if rest:
-        lines += ["", "Rules the plan has no stage for: " + ", ".join(f"`{x}`" for x in rest) + "."]
+    for rule in unmeasured(jobs):  # measured, not planned: a row each, the plan's columns empty
+        mine = [j for j in jobs if j.stage == rule]
+        lines.append(
+            f"| {rule} (no plan) | - / {len(mine)} | - | - | {sum(j.cpu for j in mine):.1f} | "
+            f"{sum(j.wall for j in mine):.1f} | - | - | {max(j.rss_mb for j in mine):.0f} | - |"
+        )
     bad = off(table, rate)
     lines += ["", "Off by more than 2x: " + (", ".join(bad) if bad else "none") + "."]
     return "\n".join(lines) + "\n"
