@@ -121,7 +121,8 @@ def test_ekfac_ran_in_several_query_chunks(rehearsal: dict[str, Any]) -> None:
     from plantbench.ops.plan import shape_of
 
     p = shape_of(cfg).block_linear_params
-    queries = json.loads((root / "ekfac" / "A" / "meta.json").read_text())["info"]["n_queries"]
+    meta = rehearsal["paths"].ekfac("A") / "meta.json"
+    queries = json.loads(meta.read_text())["info"]["n_queries"]
     chunks = layout.ekfac_query_chunks(queries, p, layout.ekfac_memory_bytes(cfg))
     assert len(chunks) > 1
     for m in MODELS:
@@ -130,8 +131,8 @@ def test_ekfac_ran_in_several_query_chunks(rehearsal: dict[str, Any]) -> None:
 
 
 def test_ekfac_chunked_scores_equal_one_chunk(rehearsal: dict[str, Any]) -> None:
-    """At the paper's shapes: EK-FAC fitted on a few pool windows, the queries scored in the
-    config's chunks and in one chunk give the same scores, bit for bit."""
+    """At the paper's shapes: EK-FAC fitted on two pool windows, the queries scored in the
+    config's chunks and in one chunk give the same scores."""
     import torch
 
     from plantbench import artifacts
@@ -142,7 +143,7 @@ def test_ekfac_chunked_scores_equal_one_chunk(rehearsal: dict[str, Any]) -> None
     qs, _ = artifacts.queries_table(p)
     entry = artifacts.checkpoint_entry(p, "A", layout.final_checkpoint(cfg))
     net = artifacts.load_checkpoint(p, "A", entry, attn="eager")
-    windows = np.asarray(stream.windows[table["window"].to_numpy(np.int64)[:3]], dtype=np.int64)
+    windows = np.asarray(stream.windows[table["window"].to_numpy(np.int64)[:2]], dtype=np.int64)
     torch.set_num_threads(2)
     ek = maths.fit(net, windows, float(cfg["curvature"]["damping_ratio"]), batch=1)
     ids, attn, ans = artifacts.query_batch(p, qs)
@@ -152,7 +153,9 @@ def test_ekfac_chunked_scores_equal_one_chunk(rehearsal: dict[str, Any]) -> None
     assert len(layout.ekfac_query_chunks(ids.shape[0], n_params, budget)) > 1
     chunked = maths.chunked_scores(net, ek, batch, windows[:1], 1, budget=budget)
     whole = maths.chunked_scores(net, ek, batch, windows[:1], 1, budget=1 << 62)
-    assert np.array_equal(chunked, whole)
+    # the same tolerance as tests/test_ekfac.py: a chunk's queries form their gradients in a
+    # smaller batch, so the float32 GEMMs may round differently
+    np.testing.assert_allclose(chunked, whole, rtol=1e-5, atol=1e-6 * np.abs(whole).max())
 
 
 def test_the_plan_is_within_2x_of_the_measurement(rehearsal: dict[str, Any]) -> None:

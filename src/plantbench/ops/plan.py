@@ -13,7 +13,8 @@ Counting rules (stated so that the table can be checked by hand):
   (the final checkpoint is one of them), for every pool window and every query.
 * Forward only (hidden states, the causal log-probs): ``2 N + 4 L d T`` per token.
 * Text embeddings: a BERT-base-sized encoder (``ENCODER_PARAMS``), windows truncated to
-  ``ENCODER_TOKENS`` tokens, ``2 P`` per token.
+  ``ENCODER_TOKENS`` tokens, ``2 P`` per token; MiniLM (``features.encoder`` names
+  ``minilm``, the default study's) is ``MINILM`` (22.7M parameters, 256 tokens).
 * Scoring: ``2 D`` FLOPs per (query, pool window) pair for the gradient methods (times the
   TracIn checkpoints for the TracIn ones); the others are memory-bound and not counted.
 * GPU-hours = FLOPs / (bf16 dense peak x utilisation) / 3600; CPU-only stages (corpus,
@@ -54,9 +55,20 @@ BASE_BYTES = 0.15e9  # a job's Python with pandas and pyarrow
 ROW_GROUP_CHARS = 128e6  # characters a streaming data step holds at once (corpus, stream)
 TORCH_BASE_BYTES = 0.75e9  # ... with torch and transformers imported
 LOGIT_BYTES = 12  # per token and vocabulary entry: fp32 logits, their gradient, log-softmax
+GRAD_LOGIT_BYTES = 6  # the per-example gradient pass: its logits freed once their gradient is
+# formed (measured on the rehearsal: 1.6 GB a job at 4 windows x 1,024 x 32,768)
 LAYER_BYTES = 6  # per token, layer and (8 x width + 4 x intermediate) entry: saved activations
 ENCODER_PARAMS = 110_000_000  # bge-base / BERT-base
 ENCODER_TOKENS = 512
+MINILM = (22_700_000, 256)  # all-MiniLM-L6-v2: parameters, max_seq_length
+
+
+def encoder_size(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(parameters, tokens a text is truncated to) of ``features.encoder``."""
+    name = str(cfg["features"].get("encoder", "")).lower()
+    return MINILM if "minilm" in name else (ENCODER_PARAMS, ENCODER_TOKENS)
+
+
 GRAD_METHODS = {"grad_dot": 1, "grad_cos": 1, "influence": 1}  # checkpoints they read: final only
 TRACIN_METHODS = ("tracin_dot", "tracin_influence")
 
@@ -111,10 +123,10 @@ class Shape:
     def grad_flops_per_token(self) -> float:
         return 4 * self.matmul_params + 2 * self.attn_flops_per_token
 
-    def act_bytes(self, tokens: float) -> float:
+    def act_bytes(self, tokens: float, logit_bytes: int = LOGIT_BYTES) -> float:
         """Activations of a forward and backward over ``tokens`` tokens (logits dominate)."""
         per_layer = 8 * self.width + 4 * self.intermediate
-        return tokens * (LOGIT_BYTES * self.vocab + LAYER_BYTES * self.n_layer * per_layer)
+        return tokens * (logit_bytes * self.vocab + LAYER_BYTES * self.n_layer * per_layer)
 
 
 def shape_of(cfg: dict[str, Any]) -> Shape:
@@ -338,7 +350,7 @@ def _grads_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
     mem = (
         TORCH_BASE_BYTES
         + 4 * z.params
-        + s.act_bytes(b * z.W)
+        + s.act_bytes(b * z.W, GRAD_LOGIT_BYTES)
         + (b * per_layer * 4 + s.block_linear_params * 12 if sketch else 0)
         + int(cfg["features"]["shard_windows"]) * z.D * 4
     )
@@ -404,16 +416,17 @@ def _forward_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
         + 4 * z.params
         + s.act_bytes(2 * int(cfg["features"]["batch_windows"]) * W) / 3,
     )
-    e_tok = nm * (n_pool * min(W, ENCODER_TOKENS) + n_queries * z.query_tokens)
+    enc, enc_tokens = encoder_size(cfg)
+    e_tok = nm * (n_pool * min(W, enc_tokens) + n_queries * z.query_tokens)
     embed = Stage(
         "embed",
         nm + 1,  # the shared job embeds both pools' texts once; one job per twin reads it
-        f"encoder (~{ENCODER_PARAMS / 1e6:.0f}M params) on pool + queries",
+        f"encoder (~{enc / 1e6:.0f}M params) on pool + queries",
         tokens=e_tok,
-        flops=e_tok * 2 * ENCODER_PARAMS,
+        flops=e_tok * 2 * enc,
         gpu=True,
         disk_bytes=nm * (n_pool + n_queries) * 768 * 4,
-        mem_bytes=TORCH_BASE_BYTES + 4 * ENCODER_PARAMS,
+        mem_bytes=TORCH_BASE_BYTES + 4 * enc,
     )
     return [hidden, embed]
 
