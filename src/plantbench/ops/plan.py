@@ -120,6 +120,10 @@ class Shape:
     def forward_flops_per_token(self) -> float:
         return 2 * self.matmul_params + self.attn_flops_per_token
 
+    def decoder_flops_per_token(self) -> float:
+        """Forward without the output head (hidden states; a prefix whose logits are dropped)."""
+        return 2 * self.block_linear_params + self.attn_flops_per_token
+
     def grad_flops_per_token(self) -> float:
         return 4 * self.matmul_params + 2 * self.attn_flops_per_token
 
@@ -241,7 +245,7 @@ def plan(cfg: dict[str, Any], query_tokens: int = 32) -> list[Stage]:
             2,
             "AP, correlations, bootstrap, figures",
             disk_bytes=5e7,
-            mem_bytes=TORCH_BASE_BYTES,
+            mem_bytes=BASE_BYTES + 0.05e9,  # tables and matplotlib
         )
     )
     return out
@@ -307,14 +311,17 @@ def _causal_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
     k_ctx = layout.context_segments(cfg)
     # + the in-context check: 2 context conditions, each prompt run once (k segments of about a
     # query's length, then the query), its cache shared by the candidates' answer tokens
-    ic_tok = nm * n_queries * 2 * ((k_ctx + 1) * query_tokens + n_cand * query_tokens // 4)
-    c_tok = nm * n_queries * query_tokens * n_cand + ic_tok
+    # (the prefix keeps its last position's logits only: no head over the context)
+    ic_prefix = nm * n_queries * 2 * (k_ctx + 1) * query_tokens
+    full = nm * n_queries * (query_tokens * n_cand + 2 * n_cand * query_tokens // 4)
+    c_tok = full + ic_prefix
+    flops = full * z.s.forward_flops_per_token() + ic_prefix * z.s.decoder_flops_per_token()
     return Stage(
         "causal",
         1,
         f"{z.facts} facts x 2 forms x {nm} models (+ candidates, + {k_ctx}-segment contexts)",
         tokens=c_tok,
-        flops=c_tok * z.s.forward_flops_per_token(),
+        flops=flops,
         gpu=True,
         disk_bytes=1e6,
         # a batch of prompts with their context segments, forward only (no gradient: a third)
@@ -375,15 +382,18 @@ def _curvature_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
     kk = int(cfg["features"]["grad_k_in"]) * int(cfg["features"]["grad_k_out"])
     per_module = cfg["curvature"]["mode"] == "block" and cfg["features"]["projection"] == "logra"
     cov = blocks * kk * kk if per_module else z.D * z.D  # a sketch is one block
+    n_blocks = blocks if per_module else 1
     out = [
         Stage(
             "curvature",
             nm * k_tr,
             f"{cfg['curvature']['mode']} Fisher of {n_pool:,} rows",
-            flops=nm * k_tr * 2 * n_pool * cov,
+            # the sums, then the eigendecomposition (about 9 n^3 a block with its vectors)
+            flops=nm * k_tr * (2 * n_pool * cov + 9 * cov * math.sqrt(cov / max(1, n_blocks))),
             disk_bytes=nm * k_tr * cov * 8 * 2,
             # float64 sums, eigenvectors and LAPACK's workspace, each the size of the blocks
-            mem_bytes=TORCH_BASE_BYTES + 3 * cov * 8,
+            # (+ 0.2 GB: the job's LAPACK and gradient-store reader, measured on the rehearsal)
+            mem_bytes=BASE_BYTES + 0.2e9 + 3 * cov * 8,
         )
     ]
     if "ekfac" in cfg["methods"]["enabled"]:
@@ -408,13 +418,13 @@ def _forward_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
         nm,
         "final-checkpoint forward of pool + queries",
         tokens=h_tok,
-        flops=h_tok * s.forward_flops_per_token(),
+        flops=h_tok * s.decoder_flops_per_token(),  # the decoder only: no output head
         gpu=True,
         disk_bytes=nm * (n_pool + n_queries) * s.width * 4,
-        # forward only, batches of twice features.batch_windows
+        # forward only (no logits), batches of twice features.batch_windows
         mem_bytes=TORCH_BASE_BYTES
         + 4 * z.params
-        + s.act_bytes(2 * int(cfg["features"]["batch_windows"]) * W) / 3,
+        + s.act_bytes(2 * int(cfg["features"]["batch_windows"]) * W, logit_bytes=0) / 3,
     )
     enc, enc_tokens = encoder_size(cfg)
     e_tok = nm * (n_pool * min(W, enc_tokens) + n_queries * z.query_tokens)
@@ -450,7 +460,7 @@ def _score_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
         flops=sflops,
         disk_bytes=nm * len(methods) * n_queries * (k * 32 + 64),
         # the pool's and the queries' features in float32, float64 tiles of scores
-        mem_bytes=TORCH_BASE_BYTES
+        mem_bytes=BASE_BYTES
         + (n_pool + n_queries) * D * 4
         + 3 * 8 * int(cfg["scoring"]["query_block"]) * int(cfg["scoring"]["pool_block"]),
     )
