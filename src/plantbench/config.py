@@ -704,8 +704,8 @@ def exit_on_bad_snakemake_args(
     evaluates while it parses its command line: the error as the Snakefile prints it, and exit 1.
     ``argv``: the raw command line (default ``sys.argv[1:]``), for :func:`check_configfile_flags`."""
     try:
-        check_configfile_flags(sys.argv[1:] if argv is None else argv)
         check_snakemake_args(config, configfiles)
+        check_configfile_flags(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:
         print(f"plantbench: config error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
