@@ -168,3 +168,24 @@ def test_a_plugin_may_bind_score_any_top_level_way(tmp_path):
             config.validate(config.deep_merge(base, plugins))["methods"]["plugins"][0]["name"]
             == "mine"
         )
+
+
+def test_a_repeated_configfile_flag_is_refused() -> None:
+    """Snakemake keeps only the last --configfile flag's files: two flags would drop the first
+    file without a word (the rehearsal's paper.yaml), so they are refused, one flag passes."""
+    from plantbench.config import check_configfile_flags
+
+    with pytest.raises(ConfigError, match="after one flag"):
+        check_configfile_flags(["--configfile", "a.yaml", "--configfile=b.yaml"])
+    with pytest.raises(ConfigError):
+        check_configfile_flags(["--configfiles", "a.yaml", "--configf", "b.yaml"])
+    check_configfile_flags(["--configfile", "a.yaml", "b.yaml", "--config", "x=1"])
+
+
+def test_model_vocab_size_pads_the_embedding_and_is_never_smaller() -> None:
+    from plantbench.model.modeling import model_rows
+
+    assert model_rows({}, 5000) == 5000
+    assert model_rows({"vocab_size": 32768}, 5000) == 32768
+    with pytest.raises(ConfigError, match="model.vocab_size"):
+        model_rows({"vocab_size": 4096}, 5000)

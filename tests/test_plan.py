@@ -116,3 +116,28 @@ def test_cli_prints_a_markdown_table(paper: dict, capsys: pytest.CaptureFixture[
     assert out.splitlines()[0].startswith("| stage | jobs |")
     assert "H200 h" in out and "A4500 h" in out and "| pretrain | 2 |" in out
     assert cli.main(["plan", "-c", str(ROOT / "config.yaml"), "--gpu", "tpu"]) == 2
+
+
+def test_plan_against_measurement_reads_benchmark_files(paper: dict, tmp_path: Path) -> None:
+    """plan_vs_measured.md: the pretrain stage calibrates the CPU FLOP rate (its ratio is 1),
+    stages are matched by rule, and a stage off by more than 2x is flagged."""
+    from plantbench.ops import plan_measured
+
+    stages = {st.stage: st for st in plan.plan(paper)}
+    head = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+    pre_mb = stages["pretrain"].mem_bytes / 1e6
+    for name, cpu, rss in (
+        ("pretrain_A", 1000.0, pre_mb),
+        ("pretrain_B", 1000.0, pre_mb),
+        ("hidden_A", 1.0, 10 * stages["hidden"].mem_bytes / 1e6),
+        ("facts", 1.0, 100.0),
+    ):
+        (tmp_path / f"{name}.tsv").write_text(head + f"{cpu}\t0\t{rss}\t0\t0\t0\t0\t0\t0\t{cpu}\n")
+    text = plan_measured.markdown(paper, tmp_path)
+    table = plan_measured.rows(paper, plan_measured.read_jobs(tmp_path))
+    rate = plan_measured.cpu_rate(table)
+    assert rate == stages["pretrain"].flops / 2000.0
+    pre = next(r for r in table if r.stage == "pretrain")
+    assert pre.jobs_measured == 2 and pre.mem_ratio() == pytest.approx(1.0)
+    assert "hidden memory x10.00" in plan_measured.off(table, rate)
+    assert "| facts (no plan) |" in text and "| pretrain | 2 / 2 |" in text

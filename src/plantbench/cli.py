@@ -77,6 +77,13 @@ def cmd_corpus(args: argparse.Namespace) -> None:
     print(f"corpus {meta['hash']}")
 
 
+def cmd_jsonl_corpus(args: argparse.Namespace) -> None:
+    from plantbench.data import corpus
+
+    n = corpus.write_jsonl(args.folder, args.max_bytes)
+    print(f"jsonl-corpus {n} documents -> {args.folder}")
+
+
 def cmd_tokenizer(args: argparse.Namespace) -> None:
     from plantbench.data import tokenizer
 
@@ -363,6 +370,11 @@ def cmd_plan(args: argparse.Namespace) -> None:
         known = ", ".join(plan.GPU_PEAK_BF16)
         raise PlantbenchError(f"--gpu {unknown[0]} is unknown; use one of: {known}")
     print(plan.format_markdown(cfg, plan.plan(cfg), gpus, args.utilisation))
+    if args.measured is not None:
+        from plantbench.ops import plan_measured
+
+        out = plan_measured.write(cfg, args.measured)
+        print(f"\n{out.read_text()}plan against measurement -> {out}")
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -608,6 +620,20 @@ def _opts_plan(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--utilisation", type=float, default=0.4, help="share of the bf16 peak (default 0.4)"
     )
+    p.add_argument(
+        "--measured",
+        type=Path,
+        metavar="DIR",
+        help="a run's benchmarks folder: write plan_vs_measured.md there (the plan beside the "
+        "jobs' seconds and peak memory)",
+    )
+
+
+def _opts_jsonl_corpus(p: argparse.ArgumentParser) -> None:
+    p.add_argument("folder", type=Path, help="the folder to write part-NNNN.jsonl files into")
+    p.add_argument(
+        "--max-bytes", type=int, default=2_000_000, help="bytes of text (default 2,000,000)"
+    )
 
 
 def _opts_serve(p: argparse.ArgumentParser) -> None:
@@ -645,6 +671,7 @@ OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "verify": _opts_verify,
     "export": _opts_export,
     "plan": _opts_plan,
+    "jsonl-corpus": _opts_jsonl_corpus,
     "bench": _opts_bench,
     "serve": _opts_serve,
 }
@@ -653,6 +680,10 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "config": (cmd_config, "validate the config and write the resolved copy every step reads"),
     "facts": (cmd_facts, "invent the facts, documents, distractors, queries and candidates"),
     "corpus": (cmd_corpus, "collect background text and split off held-out padding text"),
+    "jsonl-corpus": (
+        cmd_jsonl_corpus,
+        "write the standard library's text as a local jsonl corpus (the rehearsal's source)",
+    ),
     "tokenizer": (cmd_tokenizer, "train the byte-level BPE tokenizer"),
     "stream": (cmd_stream, "build both twins' token streams and manifests"),
     "batch": (cmd_batch, "print the windows of one optimizer step with their hashes"),

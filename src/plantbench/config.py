@@ -684,13 +684,28 @@ def check_snakemake_args(config: Sequence[str] | None, configfiles: Sequence[str
         read_file(f)
 
 
+def check_configfile_flags(argv: Sequence[str]) -> None:
+    """Refuse ``--configfile a.yaml --configfile b.yaml``: Snakemake keeps only the last flag's
+    files (argparse), so ``a.yaml`` would be dropped without a word; one flag takes them all."""
+    flags = [a for a in argv if a.split("=", 1)[0].startswith("--configf")]
+    if len(flags) > 1:
+        raise ConfigError(
+            f"--configfile is given {len(flags)} times, and Snakemake reads only the last one's "
+            "files; give them all after one flag, in merge order: --configfile a.yaml b.yaml"
+        )
+
+
 def exit_on_bad_snakemake_args(
-    config: Sequence[str] | None, configfiles: Sequence[str | Path]
+    config: Sequence[str] | None,
+    configfiles: Sequence[str | Path],
+    argv: Sequence[str] | None = None,
 ) -> None:
     """:func:`check_snakemake_args` for the workflow profile (profiles/default), which Snakemake
-    evaluates while it parses its command line: the error as the Snakefile prints it, and exit 1."""
+    evaluates while it parses its command line: the error as the Snakefile prints it, and exit 1.
+    ``argv``: the raw command line (default ``sys.argv[1:]``), for :func:`check_configfile_flags`."""
     try:
         check_snakemake_args(config, configfiles)
+        check_configfile_flags(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:
         print(f"plantbench: config error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None

@@ -106,6 +106,19 @@ def _device(torch: Any) -> str:
     return "cpu"
 
 
+BF16_ONEDNN_ISA = "ALL"  # oneDNN's own choice: its bf16 GEMMs where the CPU has them
+
+
+def lift_for_bf16() -> None:
+    """bf16 autocast on the CPU: the pin's oneDNN cap (AVX2, SSE4.1) leaves oneDNN no bf16
+    GEMM, and ATen's fallback is a scalar loop (about 250x slower at width 768 and vocabulary
+    32,768). Lift the cap before oneDNN's first use (it reads the variable lazily); bf16 CPU
+    results are then as machine-specific as a GPU's, and :func:`record` says so."""
+    if _state.get("pin") in BRANCHES and "onednn" not in _state:
+        os.environ["ONEDNN_MAX_CPU_ISA"] = BF16_ONEDNN_ISA
+        _state["onednn"] = BF16_ONEDNN_ISA
+
+
 def record() -> dict[str, Any]:
     """What this process's float results depend on. Without torch loaded (a token step) only
     the interpreter and machine; with it, also the CPU capability ATen dispatches to, the BLAS
@@ -126,6 +139,8 @@ def record() -> dict[str, Any]:
         device=_device(torch),
         pin=_state.get("pin", "not applied"),
     )
+    if "onednn" in _state:  # lifted for bf16 (only then: fp32 records stay as they were)
+        rec["onednn_max_cpu_isa"] = _state["onednn"]
     return rec
 
 

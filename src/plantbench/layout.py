@@ -219,6 +219,12 @@ def query_chunks(
     return [(s, min(s + step, n_q)) for s in range(0, n_q, step)]
 
 
+def ekfac_memory_bytes(cfg: Mapping[str, Any]) -> int:
+    """EK-FAC's memory bound: ``curvature.ekfac_memory_mb`` (default :data:`EKFAC_MEMORY_BYTES`)."""
+    mb = cfg.get("curvature", {}).get("ekfac_memory_mb")
+    return EKFAC_MEMORY_BYTES if mb is None else int(mb) << 20
+
+
 def ekfac_query_chunks(
     n_q: int, n_params: int, budget: int = EKFAC_MEMORY_BYTES
 ) -> list[tuple[int, int]]:

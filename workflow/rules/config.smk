@@ -75,7 +75,8 @@ onerror:
 
 
 # A finished run draws its jobs on a time axis and sums job seconds per stage
-# (benchmarks/timeline.png and benchmarks/stages.md; plantbench.ops.timeline).
+# (benchmarks/timeline.png and benchmarks/stages.md; plantbench.ops.timeline), and puts the plan
+# beside the measurement (benchmarks/plan_vs_measured.md; plantbench.ops.plan_measured).
 onsuccess:
     _write_timeline()
 
@@ -92,6 +93,14 @@ def _write_timeline() -> None:
         return
     if out is not None:
         logger.info(f"plantbench: job seconds per stage -> {out}")
+    import plantbench.ops.plan_measured as _pbplanvs
+
+    try:
+        out = _pbplanvs.write(config, os.path.join(R, "benchmarks"))
+    except Exception as exc:  # as above: a finished run stays finished
+        logger.warning(f"plantbench: no plan_vs_measured ({type(exc).__name__}: {exc})")
+        return
+    logger.info(f"plantbench: the plan against the measurement -> {out}")
 
 
 def _log_tail(path: str, n: int = 5) -> list[str]:

@@ -887,3 +887,28 @@ def iter_texts(
         texts = batch.column(1).filter(keep).to_pylist()
         if texts:
             yield texts
+
+
+# --------------------------------------------------------------------------------------------
+# a local jsonl corpus (the rehearsal's background text)
+
+
+def write_jsonl(folder: str | Path, max_bytes: int, docs_per_file: int = 400) -> int:
+    """The standard library's documents, in order, as a folder of ``part-NNNN.jsonl`` files
+    (one ``{"text": ...}`` object per line) up to ``max_bytes`` of text: a ``jsonl`` source
+    for a machine without any other text. Returns the number of documents written."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    docs: list[str] = []
+    total = 0
+    for _, _, text in _stdlib_source(0, {"kind": "stdlib"}, 20000, _Skipped()):
+        if len(text) < 200:
+            continue
+        docs.append(json.dumps({"text": text}, ensure_ascii=False))
+        total += len(text.encode("utf-8"))
+        if total >= max_bytes:
+            break
+    for k in range(0, len(docs), docs_per_file):
+        part = "\n".join(docs[k : k + docs_per_file]) + "\n"
+        io.write_text(out / f"part-{k // docs_per_file:04d}.jsonl", part)
+    return len(docs)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from plantbench.errors import ArtifactError
+from plantbench.errors import ArtifactError, ConfigError
 
 if TYPE_CHECKING:  # transformers' Llama import costs seconds: only the functions that need it pay
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -24,11 +24,12 @@ def llama_config(
     attn: str = "sdpa",
 ) -> LlamaConfig:
     """LlamaConfig from the ``model`` config section. ``attn``: 'sdpa' to train, 'eager' (math
-    kernel) for per-example gradients."""
+    kernel) for per-example gradients. ``vocab_size``: the tokenizer's; ``model.vocab_size``
+    (optional, at least as large) pads the embedding and the head to that many rows."""
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=vocab_size,
+        vocab_size=model_rows(model_cfg, vocab_size),
         hidden_size=model_cfg["n_embd"],
         intermediate_size=model_cfg["intermediate"],
         num_hidden_layers=model_cfg["n_layer"],
@@ -42,6 +43,17 @@ def llama_config(
         pad_token_id=pad,
         attn_implementation=attn,
     )
+
+
+def model_rows(model_cfg: dict[str, Any], vocab_size: int) -> int:
+    """Rows of the embedding and the head: ``model.vocab_size`` when set, else ``vocab_size``."""
+    rows = int(model_cfg.get("vocab_size") or vocab_size)
+    if rows < vocab_size:
+        raise ConfigError(
+            f"model.vocab_size = {rows} is smaller than the tokenizer's {vocab_size} tokens; "
+            "raise it or leave it out (the model then takes the tokenizer's size)"
+        )
+    return rows
 
 
 def build_model(config: LlamaConfig, seed: int) -> LlamaForCausalLM:

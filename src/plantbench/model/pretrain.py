@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from plantbench import io, layout, replicates
+from plantbench import floats, io, layout, replicates
 from plantbench.config import canonical_json, train_recipe
 from plantbench.data import tokenizer
 from plantbench.data.stream import Stream, open_stream
@@ -183,6 +183,8 @@ def _trace_windows(stream: Stream, rank: int, step: int, first: int, batch: np.n
 def _autocast(precision: str, device: torch.device) -> Any:
     use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
     if use_bf16:
+        if device.type == "cpu":
+            floats.lift_for_bf16()
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return torch.autocast(device_type=device.type, enabled=False)
 

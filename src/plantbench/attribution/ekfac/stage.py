@@ -55,7 +55,15 @@ def run(
         progress=lambda what: artifacts.Progress(f"ekfac {model} {what}", n),
     )
     t1 = time.time()
-    out = chunked_scores(net, ek, _query_batch(paths, qs), windows, batch, what=f"ekfac {model}")
+    out = chunked_scores(
+        net,
+        ek,
+        _query_batch(paths, qs),
+        windows,
+        batch,
+        budget=layout.ekfac_memory_bytes(cfg),
+        what=f"ekfac {model}",
+    )
     seconds = {"fit": round(t1 - t0, 3), "scores": round(time.time() - t1, 3)}
     if not np.isfinite(out).all():
         raise ArtifactError(f"EK-FAC scores of model {model} are not finite; check the model")

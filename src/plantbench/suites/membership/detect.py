@@ -297,7 +297,8 @@ def run(cfg: dict[str, Any], paths: Paths, model_name: str, *, threads: int = 1)
     ctx = {"model": model, "tok": tok, "samples": s, "st": st, "encoder": encoder, "features": f}
     noised = _controls(g, ctx, shift, cal)
     full = classifier("lr", st.cv_seed).fit(f.crm(shift), y)
-    p_dis = full.predict_proba(f_dis.crm(shift))[:, 1]
+    # the control: none when the grid has no distractor documents (facts.distractors_per_entity 0)
+    p_dis = full.predict_proba(f_dis.crm(shift))[:, 1] if len(dis) else np.zeros(0)
     tables = {
         "features": _feature_table(both, f_all, shift, lik, oof, p_dis, c.cut),
         "aucs": g.table(),

@@ -1,0 +1,170 @@
+"""``plantbench plan --measured DIR``: the plan beside a run's ``benchmark:`` files.
+
+For every stage of :func:`plantbench.ops.plan.plan`, the jobs of that stage in the run (their
+benchmark files, grouped by rule as :mod:`plantbench.ops.timeline` groups them), their CPU
+seconds and the largest peak resident memory (``max_rss``) next to the plan's FLOPs and
+per-job memory. The plan's FLOPs become seconds at one CPU FLOP rate, calibrated on the run
+itself: the pretrain stage's FLOPs over its CPU seconds (pure matrix multiplies at the run's
+shapes and precision); stages without FLOPs (corpus, tokenizer, stream, pool, analysis) get no
+time prediction; each job of a stage with FLOPs adds ``JOB_CPU_S`` of fixed cost (imports,
+inputs, meta), which dominates only at tiny counts. Ratios are measured / planned; the table flags any outside [1/2, 2]. Written
+as ``plan_vs_measured.md`` into the benchmarks folder (also by the Snakefile's ``onsuccess``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from plantbench import io
+from plantbench.ops import plan as plan_mod
+from plantbench.ops.timeline import Job, read_jobs
+
+TABLE = "plan_vs_measured.md"
+TOLERANCE = 2.0  # measured within [plan / 2, plan x 2]
+# a torch job's fixed CPU seconds (interpreter, torch and transformers imports, reading its
+# inputs, writing its meta) beside its FLOPs: measured on the rehearsal's curvature and score jobs
+JOB_CPU_S = 2.5
+# rules -> the plan's stage (rules not listed have no row in the plan)
+STAGE_OF_RULE: dict[str, str] = {
+    "corpus": "corpus",
+    "tokenizer": "tokenizer",
+    "stream": "stream",
+    "pretrain": "pretrain",
+    "causal": "causal",
+    "pool": "pool",
+    "grads_pool": "grads",
+    "grads_queries": "grads",
+    "curvature": "curvature",
+    "ekfac": "ekfac",
+    "ekfac_tracin": "ekfac_tracin",
+    "hidden": "hidden",
+    "embed": "embed",
+    "embed_shared": "embed",
+    "score": "score",
+    "analysis": "analysis+report",
+    "report": "analysis+report",
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    stage: str
+    jobs_planned: int
+    jobs_measured: int
+    flops: float
+    cpu_s: float  # measured CPU seconds, all jobs
+    wall_s: float  # measured job seconds, all jobs
+    mem_planned_mb: float  # per job
+    mem_measured_mb: float  # largest job's max_rss
+
+    def seconds_planned(self, rate: float) -> float:
+        """The FLOPs at ``rate`` plus each planned job's fixed :data:`JOB_CPU_S`."""
+        if rate <= 0 or self.flops <= 0:
+            return 0.0
+        return self.flops / rate + self.jobs_planned * JOB_CPU_S
+
+    def work_ratio(self, rate: float) -> float | None:
+        planned = self.seconds_planned(rate)
+        return self.cpu_s / planned if planned > 0 and self.cpu_s > 0 else None
+
+    def mem_ratio(self) -> float | None:
+        if self.mem_planned_mb <= 0 or self.mem_measured_mb <= 0:
+            return None
+        return self.mem_measured_mb / self.mem_planned_mb
+
+
+def rows(cfg: dict[str, Any], jobs: list[Job]) -> list[Row]:
+    """One row per planned stage that has jobs in the run."""
+    out = []
+    for st in plan_mod.plan(cfg):
+        mine = [j for j in jobs if STAGE_OF_RULE.get(j.stage) == st.stage]
+        if not mine:
+            continue
+        out.append(
+            Row(
+                st.stage,
+                st.jobs,
+                len(mine),
+                st.flops,
+                sum(j.cpu for j in mine),
+                sum(j.wall for j in mine),
+                st.mem_bytes / 1e6,
+                max(j.rss_mb for j in mine),
+            )
+        )
+    return out
+
+
+def cpu_rate(table: list[Row]) -> float:
+    """FLOP/s of one CPU second, from the pretrain stage (0 when it did not run)."""
+    pre = next((r for r in table if r.stage == "pretrain"), None)
+    return pre.flops / pre.cpu_s if pre is not None and pre.cpu_s > 0 else 0.0
+
+
+def unmeasured(jobs: list[Job]) -> list[str]:
+    """The run's rules the plan has no stage for."""
+    return sorted({j.stage for j in jobs if j.stage not in STAGE_OF_RULE})
+
+
+def off(table: list[Row], rate: float) -> list[str]:
+    """Stages whose work or memory is off the plan by more than :data:`TOLERANCE`."""
+    bad = []
+    for r in table:
+        for what, ratio in (("work", r.work_ratio(rate)), ("memory", r.mem_ratio())):
+            if ratio is not None and not 1 / TOLERANCE <= ratio <= TOLERANCE:
+                bad.append(f"{r.stage} {what} x{ratio:.2f}")
+    return bad
+
+
+def _fmt(ratio: float | None) -> str:
+    if ratio is None:
+        return "-"
+    flag = "" if 1 / TOLERANCE <= ratio <= TOLERANCE else " **off**"
+    return f"{ratio:.2f}{flag}"
+
+
+def markdown(cfg: dict[str, Any], bench_dir: Path) -> str:
+    jobs = read_jobs(Path(bench_dir))
+    table = rows(cfg, jobs)
+    rate = cpu_rate(table)
+    head = (
+        "| stage | jobs (plan / run) | FLOPs (plan) | CPU s (plan) | CPU s (run) | job s (run) "
+        "| work run/plan | mem/job MB (plan) | peak MB (run) | mem run/plan |"
+    )
+    lines = [
+        "# The plan against the measurement",
+        "",
+        f"Plan: `plantbench plan` for this run's config; run: the {len(jobs)} benchmark files "
+        f"here. CPU FLOP rate {rate / 1e9:.1f} GFLOP/s per CPU second (the pretrain stage's "
+        "FLOPs over its CPU seconds). Peak MB: the largest job's `max_rss` (every process of "
+        f"the job). Ratios outside [1/{TOLERANCE:g}, {TOLERANCE:g}] are marked **off**.",
+        "",
+        head,
+        "|" + "---|" * 10,
+    ]
+    for r in table:
+        sp = r.seconds_planned(rate)
+        lines.append(
+            f"| {r.stage} | {r.jobs_planned} / {r.jobs_measured} | "
+            f"{plan_mod._si(r.flops) if r.flops else '-'} | {f'{sp:.1f}' if sp else '-'} | "
+            f"{r.cpu_s:.1f} | {r.wall_s:.1f} | {_fmt(r.work_ratio(rate))} | "
+            f"{r.mem_planned_mb:.0f} | {r.mem_measured_mb:.0f} | {_fmt(r.mem_ratio())} |"
+        )
+    for rule in unmeasured(jobs):  # measured, not planned: a row each, the plan's columns empty
+        mine = [j for j in jobs if j.stage == rule]
+        lines.append(
+            f"| {rule} (no plan) | - / {len(mine)} | - | - | {sum(j.cpu for j in mine):.1f} | "
+            f"{sum(j.wall for j in mine):.1f} | - | - | {max(j.rss_mb for j in mine):.0f} | - |"
+        )
+    bad = off(table, rate)
+    lines += ["", "Off by more than 2x: " + (", ".join(bad) if bad else "none") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def write(cfg: dict[str, Any], bench_dir: Path) -> Path:
+    """``plan_vs_measured.md`` into ``bench_dir``."""
+    out = Path(bench_dir) / TABLE
+    io.write_text(out, markdown(cfg, bench_dir))
+    return out

@@ -1,0 +1,171 @@
+"""The paper preset rehearsed on the CPU (``workflow/presets/rehearsal.yaml``): the whole DAG,
+suites included, at the paper's shapes (width 768, 12 heads, SwiGLU 2048, vocabulary 32,768,
+1,024-token windows, float16 features, block curvature, every method, bf16 autocast, two gloo
+processes per twin), counts shrunk; the corpus a local jsonl folder this test writes.
+
+What would break at scale is checked here: every artifact present and verified, the shard and
+query-chunk counts the layout plans, the feature store's dtype and dimensions, EK-FAC's chunked
+scores equal to one chunk's, and the plan within 2x of the run's benchmark files. The run costs
+several minutes on two cores; ``SHRINK`` is all it changes from the preset (the sketch's D:
+the 15,360-dim Fisher's eigendecomposition alone costs about 10 CPU minutes per twin and
+checkpoint; the preset itself keeps the paper's D).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from plantbench import config, layout
+from plantbench.paths import MODELS, Paths
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = ("workflow/presets/paper.yaml", "workflow/presets/rehearsal.yaml")
+SHRINK = {"features": {"grad_dims": 1536}}
+TIMEOUT = 1500
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from plantbench.data import corpus
+
+    top = tmp_path_factory.mktemp("rehearsal")
+    corpus.write_jsonl(top / "background", 2_000_000)
+    overlay = {
+        "results": str(top / "results"),
+        "corpus": {"sources": [{"kind": "jsonl", "path": str(top / "background")}]},
+        **SHRINK,
+    }
+    (top / "overlay.yaml").write_text(yaml.safe_dump(overlay))
+    files = [*PRESETS, str(top / "overlay.yaml")]
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    cmd = [
+        str(Path(sys.executable).parent / "snakemake"),
+        "--profile",
+        "profiles/local",
+        "--configfile",
+        *files,
+    ]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    cfg = config.load([ROOT / "config.yaml", *(ROOT / f for f in files)])
+    return {"cfg": cfg, "paths": Paths(cfg), "root": top / "results"}
+
+
+def test_the_preset_keeps_the_paper_shapes() -> None:
+    paper = config.load([ROOT / "config.yaml", ROOT / PRESETS[0]])
+    rehearsal = config.load([ROOT / "config.yaml", *(ROOT / f for f in PRESETS)])
+    for key in ("n_embd", "n_head", "intermediate", "tie_embeddings", "rope_theta"):
+        assert rehearsal["model"][key] == paper["model"][key], key
+    assert rehearsal["model"]["vocab_size"] == paper["tokenizer"]["vocab_size"] == 32768
+    assert rehearsal["stream"]["window"] == paper["stream"]["window"] == 1024
+    for key in ("projection", "grad_dims", "grad_dtype"):
+        assert rehearsal["features"][key] == paper["features"][key], key
+    assert rehearsal["curvature"]["mode"] == paper["curvature"]["mode"]
+    assert rehearsal["methods"] == paper["methods"]
+    assert rehearsal["train"]["precision"] == "bf16" and rehearsal["train"]["devices"] == 2
+    assert layout.n_shards(rehearsal) > 1 and len(layout.tracin_checkpoints(rehearsal)) >= 2
+
+
+def test_every_artifact_is_present_and_verified(rehearsal: dict[str, Any]) -> None:
+    from plantbench.ops import verify
+
+    checks = verify.run(rehearsal["cfg"], rehearsal["paths"])
+    failed = [c for c in checks if c.status == "FAIL"]
+    assert not failed, [(c.artifact, c.detail) for c in failed]
+    assert (rehearsal["root"] / "report" / "report.md").is_file()
+
+
+def test_the_model_has_the_paper_vocabulary(rehearsal: dict[str, Any]) -> None:
+    p = rehearsal["paths"]
+    for m in MODELS:
+        meta = json.loads((p.model(m) / "meta.json").read_text())
+        final = meta["info"]["final_checkpoint"]
+        conf = json.loads((p.checkpoints(m) / final / "config.json").read_text())
+        assert conf["vocab_size"] == 32768 and conf["hidden_size"] == 768
+        assert conf["max_position_embeddings"] == 1024
+
+
+def test_shards_and_feature_store_as_planned(rehearsal: dict[str, Any]) -> None:
+    from plantbench.attribution.gradients.store import GradientStore
+
+    cfg, root = rehearsal["cfg"], rehearsal["root"]
+    n = layout.n_shards(cfg)
+    assert n > 1
+    for m in MODELS:
+        for ck in layout.tracin_checkpoints(cfg):
+            pool = root / "features" / m / "grads" / ck / "pool"
+            shards = sorted(d for d in pool.glob("shard_*") if d.is_dir())
+            assert len(shards) == n, (m, ck)
+            store = GradientStore.open(shards)  # refuses shards whose metadata disagree
+            assert store.dtype == np.dtype("<f2") and store.dims == cfg["features"]["grad_dims"]
+            assert store.n_rows == layout.pool_size(cfg)
+            rows = store.rows(0, store.n_rows)
+            assert np.isfinite(rows).all() and np.abs(rows).max() > 0
+
+
+def test_ekfac_ran_in_several_query_chunks(rehearsal: dict[str, Any]) -> None:
+    cfg, root = rehearsal["cfg"], rehearsal["root"]
+    from plantbench.ops.plan import shape_of
+
+    p = shape_of(cfg).block_linear_params
+    meta = rehearsal["paths"].ekfac("A") / "meta.json"
+    queries = json.loads(meta.read_text())["info"]["n_queries"]
+    chunks = layout.ekfac_query_chunks(queries, p, layout.ekfac_memory_bytes(cfg))
+    assert len(chunks) > 1
+    for m in MODELS:
+        log = (root / "logs" / f"ekfac_{m}.log").read_text()
+        assert f"queries {len(chunks)}/{len(chunks)}" in log
+
+
+def test_ekfac_chunked_scores_equal_one_chunk(rehearsal: dict[str, Any]) -> None:
+    """At the paper's shapes: EK-FAC fitted on two pool windows, the queries scored in the
+    config's chunks and in one chunk give the same scores."""
+    import torch
+
+    from plantbench import artifacts
+    from plantbench.attribution.ekfac import maths
+
+    cfg, p = rehearsal["cfg"], rehearsal["paths"]
+    stream, table, _ = artifacts.stream_and_pool(p, "A")
+    qs, _ = artifacts.queries_table(p)
+    entry = artifacts.checkpoint_entry(p, "A", layout.final_checkpoint(cfg))
+    net = artifacts.load_checkpoint(p, "A", entry, attn="eager")
+    windows = np.asarray(stream.windows[table["window"].to_numpy(np.int64)[:2]], dtype=np.int64)
+    torch.set_num_threads(2)
+    ek = maths.fit(net, windows, float(cfg["curvature"]["damping_ratio"]), batch=1)
+    ids, attn, ans = artifacts.query_batch(p, qs)
+    batch = (ids, ans, attn)
+    budget = layout.ekfac_memory_bytes(cfg)
+    n_params = sum(int(v.numel()) for v in ek.lam.values())
+    assert len(layout.ekfac_query_chunks(ids.shape[0], n_params, budget)) > 1
+    chunked = maths.chunked_scores(net, ek, batch, windows[:1], 1, budget=budget)
+    whole = maths.chunked_scores(net, ek, batch, windows[:1], 1, budget=1 << 62)
+    # the same tolerance as tests/test_ekfac.py: a chunk's queries form their gradients in a
+    # smaller batch, so the float32 GEMMs may round differently
+    np.testing.assert_allclose(chunked, whole, rtol=1e-5, atol=1e-6 * np.abs(whole).max())
+
+
+def test_the_plan_is_within_2x_of_the_measurement(rehearsal: dict[str, Any]) -> None:
+    from plantbench.ops import plan_measured
+    from plantbench.ops.timeline import read_jobs
+
+    bench = rehearsal["root"] / "benchmarks"
+    assert (bench / plan_measured.TABLE).is_file()  # written by the Snakefile's onsuccess
+    table = plan_measured.rows(rehearsal["cfg"], read_jobs(bench))
+    assert {r.stage for r in table} >= {"pretrain", "grads", "curvature", "ekfac", "score"}
+    for r in table:
+        assert r.jobs_measured == r.jobs_planned, r.stage
+    assert plan_measured.off(table, plan_measured.cpu_rate(table)) == []
