@@ -6,7 +6,7 @@ processes per twin), counts shrunk; the corpus a local jsonl folder this test wr
 What would break at scale is checked here: every artifact present and verified, the shard and
 query-chunk counts the layout plans, the feature store's dtype and dimensions, EK-FAC's chunked
 scores equal to one chunk's, and the plan within 2x of the run's benchmark files. The run costs
-several minutes on two cores; ``SHRINK`` is all it changes from the preset (the sketch's D:
+15-20 minutes on two quiet cores (an estimate), so it is opt-in; ``SHRINK`` is all it changes from the preset (the sketch's D:
 the 15,360-dim Fisher's eigendecomposition alone costs about 10 CPU minutes per twin and
 checkpoint; the preset itself keeps the paper's D).
 """
@@ -27,7 +27,16 @@ import yaml
 from plantbench import config, layout
 from plantbench.paths import MODELS, Paths
 
-pytestmark = pytest.mark.slow
+# Not in `make test`: on two quiet cores the rehearsal is estimated at 15-20 minutes (measured
+# about 45 minutes on a loaded machine), which would take CI past its budget. Run it with
+# PLANTBENCH_REHEARSAL=1 .venv/bin/python -m pytest tests/test_rehearsal.py
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.environ.get("PLANTBENCH_REHEARSAL") != "1",
+        reason="the CPU rehearsal of the paper preset (15-20 min): PLANTBENCH_REHEARSAL=1 runs it",
+    ),
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ("workflow/presets/paper.yaml", "workflow/presets/rehearsal.yaml")
