@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ import yaml
 
 from plantbench import config, layout
 from plantbench.paths import MODELS, Paths
+from smokerun import snakemake
 
 # Not in `make test`: on two quiet cores the rehearsal is estimated at 15-20 minutes (measured
 # about 45 minutes on a loaded machine), which would take CI past its budget. Run it with
@@ -57,17 +56,7 @@ def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
     (top / "overlay.yaml").write_text(yaml.safe_dump(overlay))
     files = [*PRESETS, str(top / "overlay.yaml")]
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    cmd = [
-        str(Path(sys.executable).parent / "snakemake"),
-        "--profile",
-        "profiles/local",
-        "--configfile",
-        *files,
-    ]
-    proc = subprocess.run(
-        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False
-    )
+    proc = snakemake(top / "results", base=tuple(files), timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     cfg = config.load([ROOT / "config.yaml", *(ROOT / f for f in files)])
     return {"cfg": cfg, "paths": Paths(cfg), "root": top / "results"}
