@@ -208,3 +208,49 @@ def test_the_stream_step_refuses_contexts_that_do_not_fit_before_writing(tmp_pat
     err = capsys.readouterr().err
     assert "causal.context_segments" in err and "lower causal.context_segments" in err
     assert not (results / "stream").exists()
+
+
+def test_none_rows_from_the_answer_keys_candidate_scores_equal_scoring_them_again(monkeypatch):
+    """``score_reusing`` takes the ``none`` rows from given candidate log-probabilities: with the
+    same log-probabilities as a forward would give, the table equals :func:`score`'s exactly, and
+    only the other conditions reach the model."""
+    facts, cands = _facts()
+    qs = pd.DataFrame(
+        {
+            "query_id": [f"{f}:{form}" for f in facts["fact_id"] for form in ("c", "q")],
+            "fact_id": np.repeat(facts["fact_id"].to_numpy(), 2),
+            "form": ["c", "q"] * len(facts),
+            "prompt": [f"P{i} {form}" for i in range(len(facts)) for form in ("c", "q")],
+            "answer": np.repeat(facts["answer"].to_numpy(), 2),
+        }
+    )
+    ic = prompts.prompts(prompts.build_contexts(facts, cands, 3, 0), qs)
+    seen: list[list[int]] = []
+
+    def fake(model, prefixes, candidates):  # noqa: ANN001  a seeded score per (prefix, candidate)
+        seen.extend(prefixes)
+        return np.array(
+            [[float(hash((tuple(p), tuple(c))) % 997) for c in candidates] for p in prefixes]
+        ), None
+
+    from plantbench.data import tokenizer
+
+    monkeypatch.setattr(
+        tokenizer, "encode_batch", lambda tok, texts: [[ord(c) for c in t] for t in texts]
+    )
+    monkeypatch.setattr(queries, "batch_candidate_logprobs", fake)
+    cq = cands.merge(qs[["fact_id", "form", "prompt"]], on="fact_id").sort_values(
+        ["fact_id", "form", "candidate_index"]
+    )
+    ids = tokenizer.encode_batch(None, cq["prompt"].tolist())
+    cids = tokenizer.encode_batch(None, [f" {c}" for c in cq["candidate"]])
+    logp = np.array(
+        [fake(None, [[tokenizer.BOS_ID, *p]], [c])[0][0, 0] for p, c in zip(ids, cids, strict=True)]
+    )
+    seen.clear()
+    reused = in_context.score_reusing(None, None, ic, cands, cq.reset_index(drop=True), logp)
+    asked = len(seen)
+    again = in_context.score(None, None, ic, cands)
+    pd.testing.assert_frame_equal(reused, again)
+    assert asked == (ic["condition"] != "none").sum()
+    assert (reused["rank_true"] >= 1).all()

@@ -150,7 +150,9 @@ def _score(
             prompts.check_fits(inp.tok, ic_prompts, inp.candidates, window)
         out.cand_logp[m] = _candidate_logps(model, inp, cq)
         out.query_logp[m] = out.cand_logp[m][q_rows]
-        out.in_context[m] = in_context.score(model, inp.tok, ic_prompts, inp.candidates)
+        out.in_context[m] = in_context.score_reusing(
+            model, inp.tok, ic_prompts, inp.candidates, cq, out.cand_logp[m]
+        )
         log.info(
             "causal: scored %d queries, %d candidate pairs and %d in-context prompts under %s",
             len(inp.queries),

@@ -82,6 +82,62 @@ def score(
     return pd.DataFrame(out, columns=["logp_true", "logp_context", "rank_true", "rank_context"])
 
 
+def from_candidates(
+    prompts: pd.DataFrame, candidates: pd.DataFrame, cand_rows: pd.DataFrame, logp: np.ndarray
+) -> pd.DataFrame:
+    """:func:`score`'s columns for ``none`` prompts from candidate log-probabilities already
+    computed under the same query alone (the answer key's): ``cand_rows`` (``fact_id``, ``form``,
+    ``candidate``) is the row of each ``logp`` entry. Equal to scoring them again up to float
+    rounding (a different padded batch), without the second forward."""
+    if not (prompts["condition"] == "none").all():
+        raise ValueError("from_candidates scores only the 'none' condition (the query alone)")
+    cands = candidates.sort_values(["fact_id", "candidate_index"])
+    by_fact = {fid: g["candidate"].tolist() for fid, g in cands.groupby("fact_id", sort=True)}
+    at = {
+        (f, fo, c): i
+        for i, (f, fo, c) in enumerate(
+            zip(cand_rows["fact_id"], cand_rows["form"], cand_rows["candidate"], strict=True)
+        )
+    }
+    out = []
+    for p in prompts.itertuples(index=False):
+        names = by_fact[p.fact_id]
+        sc = np.array([logp[at[(p.fact_id, p.form, c)]] for c in names], dtype=np.float64)
+        t = names.index(p.answer)
+        out.append((float(sc[t]), float(sc[t]), _rank(sc, t), _rank(sc, t)))
+    return pd.DataFrame(out, columns=["logp_true", "logp_context", "rank_true", "rank_context"])
+
+
+def score_reusing(
+    model: torch.nn.Module,
+    tok: Any,
+    prompts: pd.DataFrame,
+    candidates: pd.DataFrame,
+    cand_rows: pd.DataFrame,
+    logp: np.ndarray,
+) -> pd.DataFrame:
+    """:func:`score` of every prompt, the ``none`` ones taken from the answer key's candidate
+    log-probabilities (:func:`from_candidates`) instead of a second forward; ``prompts``' row
+    order."""
+    rows = prompts.reset_index(drop=True)
+    none = (rows["condition"] == "none").to_numpy()
+    out = pd.DataFrame(
+        index=rows.index, columns=["logp_true", "logp_context", "rank_true", "rank_context"]
+    )
+    if none.any():
+        out.loc[none] = from_candidates(rows[none], candidates, cand_rows, logp).to_numpy()
+    if (~none).any():
+        out.loc[~none] = score(model, tok, rows[~none], candidates).to_numpy()
+    return out.astype(
+        {
+            "logp_true": np.float64,
+            "logp_context": np.float64,
+            "rank_true": np.int64,
+            "rank_context": np.int64,
+        }
+    )
+
+
 def table(
     facts: pd.DataFrame,
     prompts: pd.DataFrame,
