@@ -178,6 +178,25 @@ def test_killed_during_feature_extraction_resumes_to_identical_scores(smoke_run,
     )
 
 
+def test_ekfac_takes_its_factors_from_the_final_checkpoints_gradient_pass(smoke_run):
+    """The final checkpoint's grads_pool shards carry EK-FAC's factor sums (and only they: no
+    EK-FAC fit follows at the other TracIn checkpoint by default); the ekfac job used them and
+    records those shards as an input."""
+    import json
+
+    from plantbench.attribution.gradients.store import GradientStore
+
+    for model in ("A", "B"):
+        meta = json.loads((smoke_run / f"features/{model}/ekfac/meta.json").read_text())
+        final = meta["info"]["checkpoint"]
+        assert meta["info"]["factors_from"] == "the grads_pool shards' pass"
+        for shard in sorted(smoke_run.glob(f"features/{model}/grads/*/pool/shard_*")):
+            record = json.loads((shard / "shard.json").read_text()).get("factors")
+            assert (record is not None) == (shard.parent.parent.name == final), shard
+        shards = sorted(smoke_run.glob(f"features/{model}/grads/{final}/pool/shard_*"))
+        assert meta["inputs"]["factors"] == GradientStore.open(shards).hash
+
+
 def test_flipped_byte_in_a_checkpoint_is_refused(smoke_run, tmp_path):
     import json
 

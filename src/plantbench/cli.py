@@ -195,13 +195,21 @@ def cmd_grads(args: argparse.Namespace) -> None:
     cfg = _load_cfg(args)
     if args.queries == (args.shard is not None):
         raise PlantbenchError("give exactly one of --shard K (pool windows) or --queries")
+    if args.queries and args.factors:
+        raise PlantbenchError("--factors sums EK-FAC's factors over pool windows: give --shard K")
     if args.queries:
         meta = features.grads_queries(
             cfg, Paths(cfg), args.model, args.checkpoint, threads=args.threads
         )
     else:
         meta = features.grads_pool(
-            cfg, Paths(cfg), args.model, args.checkpoint, args.shard, threads=args.threads
+            cfg,
+            Paths(cfg),
+            args.model,
+            args.checkpoint,
+            args.shard,
+            threads=args.threads,
+            factors=args.factors,
         )
     print(f"grads {args.model} {args.checkpoint} {meta['rows']} rows {meta['xxh3']}")
 
@@ -589,6 +597,12 @@ def _opts_grads(p: argparse.ArgumentParser) -> None:
     _opts_checkpoint(p)
     p.add_argument("--shard", type=int, default=None, metavar="K", help="pool shard K")
     p.add_argument("--queries", action="store_true", help="all queries, not a shard")
+    p.add_argument(
+        "--factors",
+        action="store_true",
+        help="also sum EK-FAC's Kronecker factors in the same pass (the ekfac job then skips its "
+        "own first pass; the workflow sets it where an EK-FAC fit follows)",
+    )
 
 
 def _opts_score(p: argparse.ArgumentParser) -> None:

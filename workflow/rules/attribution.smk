@@ -43,8 +43,8 @@ rule grads_pool:
         rlog_of("grads_pool_{model}_{checkpoint}_{shard}"),
     benchmark:
         rbench_of("grads_pool_{model}_{checkpoint}_{shard}")
-    # the longest jobs first once the twins are trained (the run's tail is then short)
-    priority: 25
+    # the final checkpoint's shards first: they carry EK-FAC's factors (layout.smk)
+    priority: grads_pool_priority
     conda:
         "../../envs/plantbench.yaml"
     threads: 1
@@ -56,9 +56,10 @@ rule grads_pool:
         replicate=replicate_of,
         sections=sections("grads_pool"),
         plantbench=PLANTBENCH,
+        factors=factors_flag,
     shell:
         "{params.plantbench} grads -c {resources.run_config:q} --replicate {params.replicate} --model {wildcards.model} "
-        "--checkpoint {wildcards.checkpoint} --shard {wildcards.shard} --threads {threads} 2> {log:q}"
+        "--checkpoint {wildcards.checkpoint} --shard {wildcards.shard} {params.factors} --threads {threads} 2> {log:q}"
 
 
 # GPU
@@ -235,6 +236,7 @@ rule score:
 rule ekfac:
     input:
         pool=rules.pool.output.meta,
+        shards=ekfac_shards,
         facts=f"{R}/facts/meta.json",
         tokenizer=rules.tokenizer.output.meta,
         model=f"{RR}models/{{model}}/meta.json",
@@ -266,6 +268,7 @@ rule ekfac:
 rule ekfac_tracin:
     input:
         pool=rules.pool.output.meta,
+        shards=ekfac_shards,
         facts=f"{R}/facts/meta.json",
         tokenizer=rules.tokenizer.output.meta,
         model=f"{RR}models/{{model}}/meta.json",

@@ -95,6 +95,29 @@ def pool_shards(wildcards):
     return [f"{folder}/shard_{k}/shard.json" for k in SHARDS]
 
 
+EKFAC_CHECKPOINTS = _pbmethods.ekfac_checkpoints(config)
+FINAL_CHECKPOINT = _pblayout.final_checkpoint(config)
+
+
+def factors_flag(wildcards):
+    """`--factors` where an EK-FAC fit follows at this checkpoint: its grads_pool jobs then
+    also sum EK-FAC's Kronecker factors, and the ekfac job runs two passes instead of three.
+    """
+    return "--factors" if wildcards.checkpoint in EKFAC_CHECKPOINTS else ""
+
+
+def grads_pool_priority(wildcards):
+    """Shards an EK-FAC fit waits on run before the others (the ekfac jobs are the longest)."""
+    return 42 if wildcards.checkpoint in EKFAC_CHECKPOINTS else 25
+
+
+def ekfac_shards(wildcards):
+    """The pool shards of the checkpoint an ekfac job fits at (they carry its factor sums)."""
+    ckpt = getattr(wildcards, "checkpoint", FINAL_CHECKPOINT)
+    folder = f"{R}/{wildcards.rep}features/{wildcards.model}/grads/{ckpt}/pool"
+    return [f"{folder}/shard_{k}/shard.json" for k in SHARDS]
+
+
 def method_inputs(wildcards):
     """The feature files a method reads (its registered `needs`) in the job's replicate."""
     cfg = _pbrep.select(config, _pbrep.from_wildcard(wildcards.rep))

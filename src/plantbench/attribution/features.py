@@ -65,6 +65,7 @@ import torch
 
 from plantbench import artifacts, floats, io, layout
 from plantbench.attribution.curvature import Curvature
+from plantbench.attribution.ekfac.factors import FactorSums
 from plantbench.attribution.gradients.projector import Projector, check_blocks_nonzero
 from plantbench.attribution.gradients.store import IDENTITY_KEYS, SHARD_JSON, GradientStore
 from plantbench.attribution.gradients.writer import extract_to_shard, shard_identity
@@ -75,6 +76,7 @@ from plantbench.data.stream import Stream, open_stream
 from plantbench.errors import ArtifactError, ConfigError
 from plantbench.hashing import hash_bytes
 from plantbench.model import queries
+from plantbench.model.modeling import block_linear_names
 from plantbench.paths import Paths
 
 log = logging.getLogger(__name__)
@@ -140,6 +142,16 @@ def projector(cfg: dict[str, Any], net: torch.nn.Module) -> Projector | Sketch:
     return proj
 
 
+def _factor_sums(net: torch.nn.Module, proj: Projector | Sketch) -> FactorSums:
+    names = block_linear_names(net)
+    if list(proj.module_names) != names:
+        raise ConfigError(
+            "--factors: the projection does not cover every block linear, so its pass cannot "
+            "feed EK-FAC's factors; run grads without --factors"
+        )
+    return FactorSums(names)
+
+
 def grads_pool(
     cfg: dict[str, Any],
     paths: Paths,
@@ -148,8 +160,11 @@ def grads_pool(
     shard: int,
     *,
     threads: int | None = None,
+    factors: bool = False,
 ) -> dict[str, Any]:
-    """Projected gradients of pool rows ``[shard*S, (shard+1)*S)`` at one checkpoint."""
+    """Projected gradients of pool rows ``[shard*S, (shard+1)*S)`` at one checkpoint;
+    ``factors``: EK-FAC's Kronecker factor sums from the same pass, kept in the shard
+    (:mod:`plantbench.attribution.ekfac.factors`)."""
     floats.set_threads(threads)
     stream, table, pmeta = artifacts.stream_and_pool(paths, model)
     count = layout.n_shards(cfg)
@@ -178,6 +193,7 @@ def grads_pool(
         ident,
         batch_rows=int(cfg["features"]["batch_windows"]),
         progress=prog,
+        factors=_factor_sums(net, proj) if factors else None,
     )
     check_blocks_nonzero(GradientStore([where]).rows(0, len(keys)), proj)
     log.info(

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from plantbench import artifacts, layout
+from plantbench.attribution.ekfac.factors import FactorSums
 from plantbench.attribution.gradients.capture import module_io
 from plantbench.errors import ArtifactError
 from plantbench.model.modeling import block_linear_names
@@ -92,37 +93,26 @@ class EKFAC:
         }
 
 
-def _gram(v: torch.Tensor) -> torch.Tensor:
-    """``v^T v`` over all tokens of a ``[n, T, k]`` batch, computed in ``v``'s dtype, float64."""
-    v = v.reshape(-1, v.shape[-1])
-    return (v.T @ v).double()
-
-
 def kronecker_factors(
     net: torch.nn.Module,
     names: Sequence[str],
     batches: Iterator[Batch],
     dtype: torch.dtype = torch.float32,
     progress: Progress = None,
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Token means of ``x x^T`` and ``delta delta^T`` per module (each batch's sum in
-    ``dtype``, accumulated in float64)."""
-    a: dict[str, torch.Tensor] = {}
-    s: dict[str, torch.Tensor] = {}
-    tokens = 0
+) -> FactorSums:
+    """EK-FAC's own first pass: per module the sums of ``x x^T`` and ``delta delta^T`` over
+    every token (each batch's in ``dtype``, accumulated in float64), :class:`FactorSums`."""
+    sums = FactorSums(names)
     for ids, mask, attn in batches:
         xs, ds = module_io(net, names, ids, mask, attn, dtype)
-        tokens += ids.numel()
         for name in names:
-            a[name] = a.get(name, 0) + _gram(xs[name])
+            sums.tap(name, "in", xs[name])
             if name in ds:
-                s[name] = s.get(name, 0) + _gram(ds[name])
+                sums.tap(name, "out", ds[name])
+        sums.batch_done(ids.shape[0], ids.numel())
         if progress is not None:
             progress(ids.shape[0])
-    missing = [n for n in names if n not in s]
-    if missing:
-        raise ArtifactError(f"EK-FAC: no gradient reached {missing}; check the fit windows")
-    return {n: a[n] / tokens for n in names}, {n: s[n] / tokens for n in names}
+    return sums
 
 
 def eigenbasis(m: torch.Tensor) -> torch.Tensor:
@@ -164,12 +154,23 @@ def fit(
     batch: int = 16,
     dtype: torch.dtype = torch.float32,
     progress: Callable[[str], Progress] = lambda what: None,
+    factors: FactorSums | None = None,
 ) -> EKFAC:
     """The EK-FAC curvature of every block linear of ``net`` on ``windows`` (``[n, T]`` ids);
-    ``progress(pass name)`` makes each pass's progress callback when the pass starts."""
+    ``progress(pass name)`` makes each pass's progress callback when the pass starts.
+    ``factors``: the Kronecker factor sums of these windows already made by another pass (the
+    final checkpoint's ``grads_pool``); without them EK-FAC runs its own first pass."""
     names = block_linear_names(net)
-    batches = window_batches(windows, batch)
-    a, s = kronecker_factors(net, names, batches, dtype, progress("factors"))
+    if factors is None:
+        factors = kronecker_factors(
+            net, names, window_batches(windows, batch), dtype, progress("factors")
+        )
+    elif factors.names != names or factors.rows != len(windows):
+        raise ArtifactError(
+            f"EK-FAC: the factor sums cover {factors.rows} windows of modules {factors.names[:2]}..., "
+            f"not the {len(windows)} fit windows of this model; rerun its grads_pool jobs"
+        )
+    a, s = factors.means()
     q_in = {n: eigenbasis(a[n]) for n in names}
     q_out = {n: eigenbasis(s[n]) for n in names}
     lam, count = corrected_eigenvalues(

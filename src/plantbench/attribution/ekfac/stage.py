@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
 from plantbench import artifacts, floats, layout
+from plantbench.attribution.ekfac.factors import FactorSums, merge
 from plantbench.attribution.ekfac.maths import (
     Batch,
     chunked_scores,
     fit,
 )
 from plantbench.attribution.ekfac.store import config_hash, write_scores
+from plantbench.attribution.gradients.store import SHARD_JSON, GradientStore
 from plantbench.errors import ArtifactError
 from plantbench.paths import Paths
 
@@ -25,6 +30,37 @@ log = logging.getLogger(__name__)
 def _query_batch(paths: Paths, qs: pd.DataFrame) -> Batch:
     ids, attn, ans = artifacts.query_batch(paths, qs)
     return ids, ans, attn
+
+
+def _shard_factors(
+    cfg: dict[str, Any], paths: Paths, model: str, entry: dict[str, Any], pool_hash: str, n: int
+) -> tuple[FactorSums | None, str, list[Path]]:
+    """The Kronecker factor sums the checkpoint's ``grads_pool`` shards made in their pass
+    (merged in shard order), where they came from and the shards; ``(None, why, [])``
+    when a shard lacks them or was made otherwise (EK-FAC then runs its own first pass)."""
+    parts: list[FactorSums] = []
+    shards_used: list[Path] = []
+    batch = int(cfg["features"]["batch_windows"])
+    for k in range(layout.n_shards(cfg)):
+        folder = paths.pool_shard(model, entry["name"], k)
+        try:
+            meta = json.loads((folder / SHARD_JSON).read_text())
+        except (OSError, ValueError):
+            return None, f"shard {k} is not there", []
+        rec = meta.get("factors") or {}
+        same = (
+            meta.get("complete") is True
+            and meta.get("checkpoint_hash") == entry["hash"]
+            and meta.get("pool_hash") == pool_hash
+            and meta.get("pool_rows") == list(layout.shard_range(cfg, k, n))
+            and rec.get("batch_rows") == batch
+            and rec.get("dtype") == str(torch.float32)
+        )
+        if not same:
+            return None, f"shard {k} has no factor sums of this pool, checkpoint and batch", []
+        parts.append(FactorSums.load(folder, rec))  # refuses a file that fails its hash
+        shards_used.append(folder)
+    return merge(parts), "the grads_pool shards' pass", shards_used
 
 
 def run(
@@ -47,12 +83,15 @@ def run(
     windows = np.asarray(stream.windows[table["window"].to_numpy(np.int64)], dtype=np.int64)
     batch, n = int(cfg["features"]["batch_windows"]), len(windows)
     t0 = time.time()
+    sums, source, factor_shards = _shard_factors(cfg, paths, model, entry, pmeta["hash"], n)
+    log.info("ekfac %s %s: Kronecker factors from %s", model, entry["name"], source)
     ek = fit(
         net,
         windows,
         float(cfg["curvature"]["damping_ratio"]),
         batch=batch,
         progress=lambda what: artifacts.Progress(f"ekfac {model} {what}", n),
+        factors=sums,
     )
     t1 = time.time()
     out = chunked_scores(
@@ -73,6 +112,8 @@ def run(
         "stream": stream.meta["hash"],
         "checkpoint": entry["hash"],
     }
+    if factor_shards:  # the pool shards that carry them (their files checked by verify)
+        inputs["factors"] = GradientStore.open(factor_shards, verify=False).hash
     info = {
         "model": model,
         "checkpoint": entry["name"],
@@ -80,6 +121,7 @@ def run(
         "n_queries": int(out.shape[0]),
         "query_ids_hash": artifacts.query_ids_hash(qs),
         "seconds": seconds,
+        "factors_from": source if sums is not None else f"its own pass ({source})",
         **ek.info(),
     }
     meta = write_scores(where, out, config_hash(cfg), inputs, info)

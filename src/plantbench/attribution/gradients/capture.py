@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from plantbench.attribution.sketch import Sketch
 from plantbench.attribution.gradients.projector import Projector
 
+Tap = Callable[[str, str, torch.Tensor], None]
+"""``tap(module name, "in" | "out", tensor)``: sees each block linear's unprojected inputs and
+output gradients ``[n, T, .]`` as they are captured."""
+
 
 def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(1) - 1).clamp(min=0)
@@ -144,6 +148,7 @@ def _capture(
     dtype: torch.dtype,
     maps: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]],
     consume: Callable[[str, torch.Tensor, torch.Tensor], None] | None = None,
+    tap: Tap | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """One forward and one backward of the summed per-example losses; per named module its
     input ``x`` and output gradient ``delta`` (``[n, T, .]`` in ``dtype``), each multiplied by
@@ -151,7 +156,9 @@ def _capture(
     flows from the input embeddings, so no weight gradient is ever formed. A module missing
     from the second dict got no gradient (e.g. an empty loss mask). With ``consume``, each
     module's pair goes to ``consume(name, x, delta)`` as soon as its output gradient is known
-    and neither is kept (both dicts come back empty)."""
+    and neither is kept (both dicts come back empty). With ``tap``, each module's unprojected
+    ``x`` and ``delta`` (in ``dtype``) also go to ``tap(name, "in" | "out", tensor)`` as they are
+    captured (e.g. EK-FAC's Kronecker factors, :mod:`plantbench.attribution.ekfac.factors`)."""
     mods = dict(model.named_modules())
     xs: dict[str, torch.Tensor] = {}
     ds: dict[str, torch.Tensor] = {}
@@ -165,6 +172,8 @@ def _capture(
             if name in ds:
                 raise PlantbenchError(f"module '{name}' ran twice in one forward; not supported")
             g = g.detach().to(dtype)
+            if tap is not None:
+                tap(name, "out", g)
             g = g if p_out is None else g @ p_out.T
             if consume is None:
                 ds[name] = g
@@ -176,6 +185,8 @@ def _capture(
                 raise PlantbenchError(f"module '{name}' ran twice in one forward; not supported")
             ran.add(name)
             x = inputs[0].detach().to(dtype)
+            if tap is not None:
+                tap(name, "in", x)
             xs[name] = x if p_in is None else x @ p_in.T
             if output.requires_grad:
                 output.register_hook(grad_hook)
@@ -207,13 +218,15 @@ def projected_grads(
     *,
     require_eager: bool = True,
     scales: dict[str, torch.Tensor] | None = None,
+    tap: Tap | None = None,
 ) -> torch.Tensor:
     """Projected per-example gradients, ``[n, projector.dims]`` in ``dtype``.
 
     ``scales`` (per module an ``[out, in]`` tensor): each example's exact weight gradient is
     multiplied by it elementwise before the projection, e.g. TrackStar's ``1 / (sqrt(v) + eps)``
     (:mod:`plantbench.attribution.trackstar`); the gradient is then formed per module (the
-    count sketch forms it anyway; LoGra forms it only here).
+    count sketch forms it anyway; LoGra forms it only here). ``tap``: see :func:`_capture` (the
+    same pass then also feeds EK-FAC's factors; not with ``scales``).
 
     One forward and one backward for the whole batch. LoGra (:class:`Projector`): hooks
     project each module's inputs and output gradients; per example ``sum_t (P_out delta_t)
@@ -233,10 +246,12 @@ def projected_grads(
 
         _capture(
             model, projector.module_names, input_ids, loss_mask, attention_mask, dtype, {},
-            consume,
+            consume, tap,
         )  # fmt: skip
         return out
     if scales is not None:
+        if tap is not None:
+            raise PlantbenchError("projected_grads: a tap with scales is not supported")
         return _scaled_logra(model, projector, input_ids, loss_mask, attention_mask, dtype, scales)
     maps = {
         name: (
@@ -246,7 +261,7 @@ def projected_grads(
         for name in projector.module_names
     }
     xs, ds = _capture(
-        model, projector.module_names, input_ids, loss_mask, attention_mask, dtype, maps
+        model, projector.module_names, input_ids, loss_mask, attention_mask, dtype, maps, None, tap
     )
     out = torch.zeros((n, projector.dims), dtype=dtype, device=device)
     for name in projector.module_names:

@@ -124,6 +124,12 @@ class GradientStore:
                     f"gradient shard file '{f}' does not match its recorded hash; "
                     f"delete '{d}' and recompute it"
                 )
+            extra = m.get("factors")  # EK-FAC's factor sums from the same pass, if any
+            if verify and extra and hash_file(d / str(extra["file"])) != extra["xxh3"]:
+                raise ArtifactError(
+                    f"'{d / str(extra['file'])}' does not match its recorded hash; "
+                    f"delete '{d}' and recompute it"
+                )
             for k in m["keys"]:
                 if k in owner:
                     raise ArtifactError(

@@ -9,7 +9,7 @@ import os
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 
 PROGRESS_JSON = "progress.json"
+FACTOR_SAVE_EVERY = 16  # batches between saves of the factor sums in a partial shard
 
 
 def shard_identity(
@@ -179,8 +180,9 @@ class ShardWriter:
         self.done[start : start + g.shape[0]] = True
         write_json(self.partial / PROGRESS_JSON, self._progress())
 
-    def finalize(self) -> dict[str, Any]:
-        """Check every row is written, write shard.json, and rename the shard into place."""
+    def finalize(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Check every row is written, write shard.json (with ``extra`` entries, e.g. the
+        EK-FAC factors' record), and rename the shard into place."""
         if self.complete:
             return json.loads((self.final / SHARD_JSON).read_text())
         if not self.done.all():
@@ -202,6 +204,7 @@ class ShardWriter:
             "file": GRADS_FILE,
             "nbytes": self.nbytes,
             "xxh3": hash_file(grads),
+            **(extra or {}),
         }
         write_json(self.partial / SHARD_JSON, meta)
         (self.partial / PROGRESS_JSON).unlink()
@@ -218,6 +221,35 @@ class ShardWriter:
         return meta
 
 
+class FactorSink(Protocol):
+    """What :func:`extract_to_shard` feeds alongside the gradients (EK-FAC's running factor
+    sums, :class:`plantbench.attribution.ekfac.factors.FactorSums`)."""
+
+    rows: int
+
+    def tap(self, name: str, kind: str, t: torch.Tensor) -> None: ...
+    def batch_done(self, n_rows: int, n_tokens: int) -> None: ...
+    def save(self, folder: Path) -> dict[str, Any]: ...
+    def restore(self, folder: Path, rows_done: int) -> None: ...
+
+
+def _batch(
+    windows: np.ndarray,
+    loss_mask: np.ndarray | None,
+    attention_mask: np.ndarray | None,
+    a: int,
+    b: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    ids = torch.as_tensor(np.asarray(windows[a:b]), dtype=torch.long)
+    lm = (
+        torch.ones_like(ids, dtype=torch.bool)
+        if loss_mask is None
+        else torch.as_tensor(np.asarray(loss_mask[a:b]), dtype=torch.bool)
+    )
+    am = None if attention_mask is None else torch.as_tensor(np.asarray(attention_mask[a:b]))
+    return ids, lm, am
+
+
 def extract_to_shard(
     model: torch.nn.Module,
     projector: Projector | Sketch,
@@ -230,23 +262,39 @@ def extract_to_shard(
     attention_mask: np.ndarray | None = None,
     batch_rows: int = 16,
     progress: Any = None,
+    factors: FactorSink | None = None,
 ) -> dict[str, Any]:
     """Compute projected gradients of ``windows`` ([rows, T] token ids) into one shard,
     resuming a partial shard; returns the finished shard.json. ``loss_mask`` defaults to every
-    next-token position. ``progress(rows_done)`` is called after each batch if given."""
+    next-token position. ``progress(rows_done)`` is called after each batch if given.
+    ``factors``: fed every module's inputs and output gradients by the same pass, its sums
+    saved in the shard (``shard.json``'s ``factors``); rows a resumed shard wrote before its
+    sums were saved are run again for the sums alone."""
     writer = ShardWriter(shard_dir, keys, identity)
     if len(windows) != writer.rows:
         raise ValueError(f"{len(windows)} windows but {writer.rows} keys")
     dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
-    for a, b in writer.pending_batches(batch_rows):
-        ids = torch.as_tensor(np.asarray(windows[a:b]), dtype=torch.long)
-        lm = (
-            torch.ones_like(ids, dtype=torch.bool)
-            if loss_mask is None
-            else torch.as_tensor(np.asarray(loss_mask[a:b]), dtype=torch.bool)
-        )
-        am = None if attention_mask is None else torch.as_tensor(np.asarray(attention_mask[a:b]))
-        writer.write(a, projected_grads(model, projector, ids, lm, am, dtype=dtype))
+    tap = None if factors is None or writer.complete else factors.tap
+
+    def run(a: int, b: int) -> torch.Tensor:
+        ids, lm, am = _batch(windows, loss_mask, attention_mask, a, b)
+        g = projected_grads(model, projector, ids, lm, am, dtype=dtype, tap=tap)
+        if factors is not None:
+            factors.batch_done(b - a, ids.numel())
+        return g
+
+    if factors is not None and not writer.complete:
+        first_pending = int(writer.pending[0]) if len(writer.pending) else writer.rows
+        factors.restore(writer.partial, first_pending)
+        for a in range(factors.rows, first_pending, batch_rows):  # written, not yet summed
+            run(a, min(a + batch_rows, first_pending))
+    for i, (a, b) in enumerate(writer.pending_batches(batch_rows)):
+        writer.write(a, run(a, b))
+        if factors is not None and (i + 1) % FACTOR_SAVE_EVERY == 0:
+            factors.save(writer.partial)
         if progress is not None:
             progress(b - a)
-    return writer.finalize()
+    if factors is None or writer.complete:
+        return writer.finalize()
+    record = {**factors.save(writer.partial), "batch_rows": int(batch_rows), "dtype": str(dtype)}
+    return writer.finalize({"factors": record})

@@ -287,3 +287,16 @@ def method_inputs(cfg: dict[str, Any], method: str, model: str) -> list[str]:
     """The feature files ``method`` reads for ``model`` (the score rule's inputs)."""
     load_plugins(cfg)
     return layout.feature_files(cfg, model, get(method).needs)
+
+
+def ekfac_checkpoints(cfg: dict[str, Any]) -> list[str]:
+    """The checkpoints at which an enabled method needs an EK-FAC fit: the final one
+    (``ekfac``), the other TracIn checkpoints (``ekfac_tracin``). Their ``grads_pool`` jobs also
+    sum EK-FAC's Kronecker factors (:mod:`plantbench.attribution.ekfac.factors`)."""
+    load_plugins(cfg)
+    needs = {n for m in enabled(cfg) for n in get(m).needs}
+    final = layout.final_checkpoint(cfg)
+    out = [final] if "ekfac" in needs else []
+    if "ekfac_tracin" in needs:
+        out += [c for c in layout.tracin_checkpoints(cfg) if c != final]
+    return out
