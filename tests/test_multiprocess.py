@@ -1,5 +1,5 @@
 """Data-parallel pretraining: 1 and 2 processes (gloo on the CPU) train on the same global batches
-and follow the same loss curve.
+and give bitwise the same weights.
 
 The upstream artifacts of a scaled-down smoke config (20 steps x 8 windows, micro-batches of 2)
 are built once. One run is the plain single-process CLI; the other is the same CLI under
@@ -114,13 +114,17 @@ def test_every_rank_reads_its_slice_of_the_same_global_batches(
         for r, rows in ranks.items():
             assert [x["step"] for x in rows] == list(range(STEPS))
             for x in rows:
-                # rank r of n takes windows [b*B + r*B/n, b*B + (r+1)*B/n)
-                lo = x["step"] * B + r * B // n
-                assert x["windows"] == list(range(lo, lo + B // n))
+                # rank r of n takes micro-batches r, r + n, ... of step b's batch
+                want = [
+                    x["step"] * B + (k * n + r) * MICRO + i
+                    for k in range(B // n // MICRO)
+                    for i in range(MICRO)
+                ]
+                assert x["windows"] == want
                 # ... and what it trained on is what the manifest says those windows hold
                 assert x["hashes"] == [int(h) for h in want_hash[x["windows"]]]
     for step in range(STEPS):
-        union = two[0][step]["windows"] + two[1][step]["windows"]
+        union = sorted(two[0][step]["windows"] + two[1][step]["windows"])
         assert union == one[0][step]["windows"] == list(range(step * B, (step + 1) * B))
 
 
@@ -133,15 +137,15 @@ def test_one_and_two_processes_follow_the_same_loss_curve(runs: dict[int, dict[s
     np.testing.assert_allclose(lb, la, rtol=1e-5)
     assert la[-1] < la[0] - 0.5, "the loss did not fall: the comparison would be vacuous"
     ga, gb = np.array([r["grad_norm"] for r in a]), np.array([r["grad_norm"] for r in b])
-    np.testing.assert_allclose(gb, ga, rtol=1e-4)
+    assert ga.tolist() == gb.tolist()  # the same gradients, bit for bit (see the weights)
 
 
-def test_final_weights_agree(runs: dict[int, dict[str, Any]]) -> None:
+def test_final_weights_are_bitwise_one_process(runs: dict[int, dict[str, Any]]) -> None:
     wa, wb = runs[1]["weights"], runs[2]["weights"]
     assert sorted(wa) == sorted(wb)
     moved = 0.0
-    for k in wa:
-        np.testing.assert_allclose(wb[k], wa[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    for k in wa:  # on the CPU the ranks' gradients are added in one process's order: bitwise
+        assert wa[k].tobytes() == wb[k].tobytes(), k
         moved = max(moved, float(np.abs(wa[k]).max()))
     assert moved > 0
 

@@ -23,10 +23,13 @@ Launch one process per device with ``torchrun --standalone --nproc_per_node N -m
 pretrain ...`` or ``accelerate launch --multi_gpu --num_processes N -m plantbench.cli pretrain
 ...`` (both set ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``; the Snakemake rule uses torchrun when
 ``train.devices`` > 1). The sequence of global batches does not depend on the world size ``P``:
-rank ``r`` of step ``b`` reads windows ``[b*B + r*B/P, b*B + (r+1)*B/P)`` in micro-batches of
-``train.micro_batch_windows`` (gradient accumulation), each micro-batch's mean loss weighted by
-``micro / (B/P)``; DDP averages the ranks' gradients, so the update uses the mean loss over the
-global batch of ``B`` windows (every window has the same number of targets) for any ``P``. The
+step ``b``'s batch of ``B`` windows is cut into micro-batches of ``train.micro_batch_windows``
+(gradient accumulation), and rank ``r`` trains on micro-batches ``r, r + P, r + 2P, ...`` of it
+(:func:`rank_rows`), each weighted by its summed loss over the global batch's target count, so
+the update uses the mean loss over the global batch for any ``P``. On GPUs DDP all-reduces the
+ranks' gradients. On the CPU (gloo) each micro-batch round's gradients are gathered and added
+in rank order, which is the order one process accumulates the same micro-batches in, so ``P``
+processes give bitwise the weights of one (``tests/test_multiprocess.py``). The
 logged loss is the all-reduced sum of the ranks' shares. Rank 0 alone writes checkpoints, the
 resumable state and the meta; every rank resumes from the same state; a stop signal seen by any
 rank stops all of them after the same step. With one process the plain loop runs (no DDP, no
@@ -162,7 +165,9 @@ def _barrier(dev: DistInfo) -> None:
         dist.barrier()
 
 
-def _trace_windows(stream: Stream, rank: int, step: int, first: int, batch: np.ndarray) -> None:
+def _trace_windows(
+    stream: Stream, rank: int, step: int, windows: np.ndarray, batch: np.ndarray
+) -> None:
     """Test hook: ``PLANTBENCH_TRACE_WINDOWS=<folder>`` appends, per rank and step, the window
     indices this rank trained on and the xxh3 of each window's tokens and the loss mask it
     trained them with (manifest hashes)."""
@@ -171,7 +176,7 @@ def _trace_windows(stream: Stream, rank: int, step: int, first: int, batch: np.n
         return
     from plantbench.hashing import window_hashes
 
-    idx = list(range(first, first + len(batch)))
+    idx = [int(w) for w in windows]
     rows = stream.manifest["mask_row"].to_numpy()[idx] if stream.masks is not None else None
     hashes = window_hashes(batch, stream.masks, rows)
     row = {"step": step, "windows": idx, "hashes": [int(h) for h in hashes]}
@@ -547,11 +552,11 @@ def _resume(run: _Run, fork: bool = True) -> None:
 
 def _network(run: _Run) -> tuple[Any, Any]:
     """(the module that runs forward/backward, the DDP wrapper or None): the model's
-    target-loss forward in a single process; with P > 1 wrapped in DDP (gradient all-reduce =
-    mean over ranks); optionally compiled."""
+    target-loss forward in a single process; with P > 1 on GPUs wrapped in DDP (gradient
+    all-reduce = mean over ranks; on the CPU :func:`_exact_sum` instead); optionally compiled."""
     ddp: Any = None
     net: Any = _TargetLoss(run.model)
-    if run.dev.world > 1:
+    if run.dev.world > 1 and not _exact(run):
         device = run.dev.device
         ddp = torch.nn.parallel.DistributedDataParallel(
             net, device_ids=[device.index] if device.type == "cuda" else None
@@ -576,33 +581,90 @@ class _TargetLoss(torch.nn.Module):
         return self.lm.lm_head(h[sel])
 
 
+def rank_rows(batch: int, micro: int, world: int, rank: int) -> np.ndarray:
+    """The rows of a global batch that ``rank`` trains on, in its micro-batch order: its k-th
+    micro-batch is the batch's micro-batch ``k * world + rank``, so the ranks' k-th
+    micro-batches are consecutive in the batch (what makes :func:`_exact_sum` the
+    single-process accumulation order)."""
+    local = batch // world
+    return np.concatenate(
+        [
+            np.arange((k * world + rank) * micro, (k * world + rank + 1) * micro)
+            for k in range(local // micro)
+        ]
+    ).astype(np.int64)
+
+
+def _exact(run: _Run) -> bool:
+    """Data-parallel on the CPU: the ranks' gradients are gathered and added in the
+    single-process order (bitwise one process); on GPUs DDP's all-reduce."""
+    return run.dev.world > 1 and run.dev.device.type == "cpu"
+
+
+def _flat_grads(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    return torch.cat(
+        [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in params]
+    )
+
+
+def _exact_sum(params: list[torch.nn.Parameter], acc: torch.Tensor | None) -> torch.Tensor:
+    """Add every rank's gradient of this micro-batch round to ``acc`` in rank order: the
+    rounds' micro-batches are consecutive in the global batch (:func:`rank_rows`), so this is
+    the order in which one process accumulates them, and every rank gets the same bits."""
+    import torch.distributed as dist
+
+    mine = _flat_grads(params)
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, mine)
+    for part in parts:
+        acc = part.clone() if acc is None else acc.add_(part)
+    assert acc is not None
+    return acc
+
+
+def _set_grads(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
+    start = 0
+    for p in params:
+        p.grad = flat[start : start + p.numel()].view_as(p).clone()
+        start += p.numel()
+
+
 def _step_loss(run: _Run, net: Any, ddp: Any, step: int) -> float:
     """Forward and backward of this rank's share of optimizer step ``step``'s batch; returns
     its share of the batch's loss: the summed cross-entropy of the target tokens (a recall
     window's loss mask, every next token elsewhere) over the global batch's target count."""
     t, dev, B_local = run.t, run.dev, run.local_batch
     micro = int(t["micro_batch_windows"])
-    first = dev.rank * B_local
-    rows = run.stream.batch(step)[first : first + B_local]
-    _trace_windows(run.stream, dev.rank, step, step * run.batch + first, rows)
+    idx = rank_rows(run.batch, micro, dev.world, dev.rank)
+    rows = run.stream.batch(step)[idx]
+    _trace_windows(run.stream, dev.rank, step, step * run.batch + idx, rows)
     mask = run.stream.batch_mask(step)[:, 1:].astype(bool)
     n_targets = max(1, int(mask.sum()))  # the global batch's, the same on every rank
     batch = torch.from_numpy(rows.astype(np.int64)).to(dev.device)
-    sel_all = torch.from_numpy(mask[first : first + B_local]).to(dev.device)
+    sel_all = torch.from_numpy(mask[idx]).to(dev.device)
     run.opt.zero_grad(set_to_none=True)
-    total = 0.0
+    exact = _exact(run)
+    params = [p for p in run.model.parameters() if p.requires_grad]
+    # DDP averages the ranks' gradients: each rank's share counts world times there
+    scale = (1 if exact else dev.world) / n_targets
+    total, acc = 0.0, None
     for m0 in range(0, B_local, micro):
         ids, sel = batch[m0 : m0 + micro], sel_all[m0 : m0 + micro]
         sync = ddp is None or m0 + micro >= B_local  # all-reduce on the last micro-batch
+        if exact:
+            run.opt.zero_grad(set_to_none=True)
         with contextlib.nullcontext() if sync else ddp.no_sync():
             with _autocast(t["precision"], dev.device):
                 logits = net(ids, sel)
             loss = torch.nn.functional.cross_entropy(
                 logits.float(), ids[:, 1:][sel], reduction="sum"
             )
-            # DDP averages the ranks' gradients: each rank's share counts world times
-            (loss * (dev.world / n_targets)).backward()
+            (loss * scale).backward()
+        if exact:
+            acc = _exact_sum(params, acc)
         total += float(loss.detach()) / n_targets
+    if acc is not None:
+        _set_grads(params, acc)
     return total
 
 
