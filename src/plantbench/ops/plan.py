@@ -343,9 +343,25 @@ def _pool_stage(z: _Sizes) -> Stage:
     )
 
 
+def _factor_squares(s: Shape) -> int:
+    """Sum over the block linears of ``in^2 + out^2``: the size of EK-FAC's Kronecker factors."""
+    d, f = s.width, s.intermediate
+    return s.n_layer * (8 * d * d + 3 * (d * d + f * f))
+
+
+def _ekfac_checkpoints(cfg: dict[str, Any], k_tr: int) -> int:
+    """Checkpoints per model with an EK-FAC fit (their grads_pool jobs sum its factors)."""
+    enabled = cfg["methods"]["enabled"]
+    return int("ekfac" in enabled) + (k_tr - 1 if "tracin_ekfac" in enabled else 0)
+
+
 def _grads_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
     s, nm, k_tr, n_pool, n_queries = z.s, z.nm, z.k_tr, z.n_pool, z.n_queries
     g_tok = nm * k_tr * (n_pool * z.W + n_queries * z.query_tokens)
+    # where an EK-FAC fit follows, the same pass sums its Kronecker factors (2 (in^2 + out^2)
+    # flops a token, float64 sums kept by the job)
+    f_tok = nm * _ekfac_checkpoints(cfg, k_tr) * n_pool * z.W
+    squares = _factor_squares(s)
     # a count sketch forms every window's exact block-linear gradient: 2 P_b flops per token
     sketch = cfg["features"]["projection"] == "sketch"
     sketch_flops = 2 * s.block_linear_params if sketch else 0
@@ -360,13 +376,14 @@ def _grads_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
         + s.act_bytes(b * z.W, GRAD_LOGIT_BYTES)
         + (b * per_layer * 4 + s.block_linear_params * 12 if sketch else 0)
         + int(cfg["features"]["shard_windows"]) * z.D * 4
+        + (8 * squares if f_tok else 0)
     )
     return Stage(
         "grads",
         nm * k_tr * (z.shards + 1),
         f"{nm} models x {k_tr} checkpoints x ({z.shards} shards + queries), D = {z.D:,}",
         tokens=g_tok,
-        flops=g_tok * (s.grad_flops_per_token() + sketch_flops),
+        flops=g_tok * (s.grad_flops_per_token() + sketch_flops) + f_tok * 2 * squares,
         disk_bytes=nm * k_tr * (n_pool + n_queries) * z.D * z.gbytes,
         mem_bytes=mem,
         gpu=True,
@@ -469,11 +486,12 @@ def _score_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
 def _ekfac_stage(
     s: Shape, nm: int, n_pool: int, n_queries: int, budget: int, b: int, final: bool = True
 ) -> Stage:
-    """EK-FAC (:mod:`plantbench.attribution.ekfac`): passes over the pool at the final checkpoint (Kronecker
-    factors, corrected eigenvalues, then scores once per chunk of queries whose preconditioned
-    gradients fit in :data:`plantbench.layout.EKFAC_MEMORY_BYTES`), full weight gradients, never stored."""
-    d, f, p = s.width, s.intermediate, s.block_linear_params
-    squares = s.n_layer * (8 * d * d + 3 * (d * d + f * f))  # sum over modules of in^2 + out^2
+    """EK-FAC (:mod:`plantbench.attribution.ekfac`): passes over the pool at the final
+    checkpoint (corrected eigenvalues, then scores once per chunk of queries whose preconditioned
+    gradients fit in :data:`plantbench.layout.EKFAC_MEMORY_BYTES`), full weight gradients, never
+    stored; the Kronecker factors come from the checkpoint's grads pass (:func:`_grads_stage`)."""
+    p = s.block_linear_params
+    squares = _factor_squares(s)  # sum over modules of in^2 + out^2
     chunk_list = layout.ekfac_query_chunks(n_queries, p, budget)
     chunks, per_chunk = len(chunk_list), max(e - a for a, e in chunk_list)
     # the model, a batch's activations, float64 factors (in^2 + out^2 a module) with their
@@ -487,8 +505,10 @@ def _ekfac_stage(
         + 2 * p * 8
         + per_chunk * p * 4
     )
-    passes = 2 + chunks  # factors, eigenvalues, scores per chunk
-    per_token = passes * s.grad_flops_per_token() + 4 * squares + 2 * (passes - 1) * p
+    passes = 1 + chunks  # eigenvalues, scores per chunk (the factors: the grads pass)
+    # each pass's frozen forward and backward and per-example gradients; the eigenvalue pass's
+    # rotations into the Kronecker eigenbases
+    per_token = passes * (s.grad_flops_per_token() + 2 * p) + 2 * squares
     tokens = nm * passes * n_pool * s.window
     return Stage(
         "ekfac" if final else "ekfac_tracin",
