@@ -15,7 +15,11 @@ each) and ``causal``.
 The optimizer's own hyperparameters (weight decay, betas, eps, the peak learning rate) come back
 with its state from the fork, so overriding them here changes nothing: a ``train.weight_decay:
 0`` variant reproduced the study's answer key bitwise. The schedule's length does follow the
-variant (``train.steps``).
+variant (``train.steps``). To change the paired part's peak learning rate, set
+``PLANTBENCH_LR_FACTOR`` (default 1): the fork state's learning rates (every param group's
+``lr`` and ``initial_lr``, the scheduler's ``base_lrs`` and ``_last_lr``) are scaled by it as it
+is loaded; set ``train.lr`` in the overrides to the scaled value too, so the recorded config says
+what was used. Each twin prints the learning rates it continues with.
 
 It prints the causal step's recipe summary (``learned_final_loss`` is the learned facts' mean
 answer loss per token) and the learned share and answer loss per cell.
@@ -34,6 +38,7 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+LR_FACTOR = float(os.environ.get("PLANTBENCH_LR_FACTOR", "1"))
 
 
 def plantbench(*args: str) -> None:
@@ -59,6 +64,18 @@ def prepare(study: Path, out: Path, over: dict[str, Any]) -> Path:
     return cfg
 
 
+def scale_lr(state: dict[str, Any], factor: float) -> None:
+    """The paired part's peak learning rate times ``factor``, in a fork state as loaded."""
+    for g in state["optimizer"]["param_groups"]:
+        g["lr"] *= factor
+        if "initial_lr" in g:
+            g["initial_lr"] *= factor
+    sched = state["scheduler"]
+    sched["base_lrs"] = [b * factor for b in sched["base_lrs"]]
+    if "_last_lr" in sched:
+        sched["_last_lr"] = [b * factor for b in sched["_last_lr"]]
+
+
 def pretrain(cfg: Path, model: str) -> int:
     """One twin from the study's fork, its config and stream-prefix hashes accepted."""
     import torch
@@ -76,6 +93,10 @@ def pretrain(cfg: Path, model: str) -> int:
         if state is not None and Path(path).name == P.FORK:
             state["config_hash"] = P.train_config_hash(conf)
             state["stream_hash"] = P.prefix_hash(conf, Paths(conf))
+            if LR_FACTOR != 1:
+                scale_lr(state, LR_FACTOR)
+            lrs = [g["lr"] for g in state["optimizer"]["param_groups"]]
+            print(f"{model}: continues from the fork at lr {lrs}", flush=True)
         return state
 
     P.load_state = accept
