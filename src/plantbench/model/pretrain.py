@@ -625,7 +625,7 @@ def _exact_sum(params: list[torch.nn.Parameter], acc: torch.Tensor | None) -> to
 def _set_grads(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
     start = 0
     for p in params:
-        p.grad = flat[start : start + p.numel()].view_as(p).clone()
+        p.grad = flat[start : start + p.numel()].view_as(p)  # views of this step's sum
         start += p.numel()
 
 

@@ -42,6 +42,15 @@ COLUMNS = [
 ]
 
 
+SCORE_COLUMNS = ["logp_true", "logp_context", "rank_true", "rank_context"]
+
+
+def _by_fact(candidates: pd.DataFrame) -> dict[str, list[str]]:
+    """Each fact's candidate names in ``candidate_index`` order (the order scores come in)."""
+    cands = candidates.sort_values(["fact_id", "candidate_index"])
+    return {fid: g["candidate"].tolist() for fid, g in cands.groupby("fact_id", sort=True)}
+
+
 def _rank(scores: np.ndarray, target: int) -> int:
     """1 + the candidates scored at least as high as ``target`` (ties count against it)."""
     return 1 + int((np.delete(scores, target) >= scores[target]).sum())
@@ -58,12 +67,11 @@ def score(
     answers' log-probabilities and ranks, in ``prompts``' row order."""
     from plantbench.data import tokenizer
 
-    cands = candidates.sort_values(["fact_id", "candidate_index"])
-    by_fact = {fid: g["candidate"].tolist() for fid, g in cands.groupby("fact_id", sort=True)}
+    by_fact = _by_fact(candidates)
     ids_of = dict(
         zip(
-            cands["candidate"],
-            tokenizer.encode_batch(tok, [f" {c}" for c in cands["candidate"]]),
+            candidates["candidate"],
+            tokenizer.encode_batch(tok, [f" {c}" for c in candidates["candidate"]]),
             strict=True,
         )
     )
@@ -79,7 +87,7 @@ def score(
             t = names.index(p["answer"])
             c = names.index(p["context_answer"]) if p["context_answer"] else t
             out[i] = (float(sc[t]), float(sc[c]), _rank(sc, t), _rank(sc, c))
-    return pd.DataFrame(out, columns=["logp_true", "logp_context", "rank_true", "rank_context"])
+    return pd.DataFrame(out, columns=SCORE_COLUMNS)
 
 
 def from_candidates(
@@ -91,8 +99,7 @@ def from_candidates(
     rounding (a different padded batch), without the second forward."""
     if not (prompts["condition"] == "none").all():
         raise ValueError("from_candidates scores only the 'none' condition (the query alone)")
-    cands = candidates.sort_values(["fact_id", "candidate_index"])
-    by_fact = {fid: g["candidate"].tolist() for fid, g in cands.groupby("fact_id", sort=True)}
+    by_fact = _by_fact(candidates)
     at = {
         (f, fo, c): i
         for i, (f, fo, c) in enumerate(
@@ -105,7 +112,7 @@ def from_candidates(
         sc = np.array([logp[at[(p.fact_id, p.form, c)]] for c in names], dtype=np.float64)
         t = names.index(p.answer)
         out.append((float(sc[t]), float(sc[t]), _rank(sc, t), _rank(sc, t)))
-    return pd.DataFrame(out, columns=["logp_true", "logp_context", "rank_true", "rank_context"])
+    return pd.DataFrame(out, columns=SCORE_COLUMNS)
 
 
 def score_reusing(
@@ -121,21 +128,13 @@ def score_reusing(
     order."""
     rows = prompts.reset_index(drop=True)
     none = (rows["condition"] == "none").to_numpy()
-    out = pd.DataFrame(
-        index=rows.index, columns=["logp_true", "logp_context", "rank_true", "rank_context"]
-    )
+    out = pd.DataFrame(index=rows.index, columns=SCORE_COLUMNS)
     if none.any():
         out.loc[none] = from_candidates(rows[none], candidates, cand_rows, logp).to_numpy()
     if (~none).any():
         out.loc[~none] = score(model, tok, rows[~none], candidates).to_numpy()
-    return out.astype(
-        {
-            "logp_true": np.float64,
-            "logp_context": np.float64,
-            "rank_true": np.int64,
-            "rank_context": np.int64,
-        }
-    )
+    kinds = [np.float64, np.float64, np.int64, np.int64]
+    return out.astype(dict(zip(SCORE_COLUMNS, kinds, strict=True)))
 
 
 def table(

@@ -11,7 +11,8 @@ in shard order. A shard without them (a run from before, or EK-FAC enabled after
 EK-FAC run its own pass.
 
 Resumable with the shard: the sums are saved in the partial shard every
-:data:`SAVE_EVERY` batches with the rows they cover; on resume, rows written but not yet
+:data:`plantbench.attribution.gradients.writer.FACTOR_SAVE_EVERY` batches with the rows they
+cover; on resume, rows written but not yet
 summed are run through the frozen pass again (factors only) before the shard goes on.
 """
 
@@ -31,7 +32,6 @@ from plantbench.hashing import hash_file
 
 FILE = "factors.npz"
 STATE = "factors.json"
-SAVE_EVERY = 16  # batches between saves of the running sums in a partial shard
 
 
 def gram(v: torch.Tensor) -> torch.Tensor:
