@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
-from plantbench import cli, config
+from plantbench import cli, config, layout
 from plantbench.model.modeling import llama_config
 from plantbench.ops import plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "workflow" / "presets" / "paper.yaml"
+REHEARSAL = ROOT / "workflow" / "presets" / "rehearsal.yaml"
+RULE = re.compile(r"^rule (\w+):", re.M)
 
 
 @pytest.fixture(scope="module")
@@ -140,4 +146,218 @@ def test_plan_against_measurement_reads_benchmark_files(paper: dict, tmp_path: P
     pre = next(r for r in table if r.stage == "pretrain")
     assert pre.jobs_measured == 2 and pre.mem_ratio() == pytest.approx(1.0)
     assert "hidden memory x10.00" in plan_measured.off(table, rate)
-    assert "| facts (no plan) |" in text and "| pretrain | 2 / 2 |" in text
+    assert "| facts (no plan) |" not in text and "| pretrain | 2 / 2 |" in text
+    (tmp_path / "bench.tsv").write_text(head + "1.0\t0\t100\t0\t0\t0\t0\t0\t0\t1.0\n")
+    assert "| bench (no plan) |" in plan_measured.markdown(paper, tmp_path)
+
+
+def _with(cfg: dict, section: str, **values: Any) -> dict:
+    """``cfg`` with ``values`` set in ``section``."""
+    return {**cfg, section: {**(cfg.get(section) or {}), **values}}
+
+
+def _flops(cfg: dict, stage: str) -> float:
+    return _stage(plan.plan(cfg), stage).flops
+
+
+def test_every_workflow_rule_has_a_plan_row_or_a_reason() -> None:
+    """Every ``rule NAME:`` of the workflow maps to a stage of the plan, or is listed (with its
+    reason) as unplanned; the rules the default study runs all map."""
+    from plantbench import replicates
+    from plantbench.ops import plan_measured as pm
+
+    files = [ROOT / "Snakefile", *sorted((ROOT / "workflow" / "rules").glob("*.smk"))]
+    rules = {name for f in files for name in RULE.findall(f.read_text())}
+    assert {"facts", "reading", "fidelity", "context_attribute", "grounding_respond"} <= rules
+    assert not set(pm.STAGE_OF_RULE) & set(pm.UNPLANNED)
+    assert rules == set(pm.STAGE_OF_RULE) | set(pm.UNPLANNED)
+    default = config.load([ROOT / "config.yaml"])
+    # the unplanned rules are not in the default study's DAG (asked for by name, or off)
+    assert "trackstar" not in default["methods"]["enabled"] and replicates.count(default) == 1
+    enabled = [*default["methods"]["enabled"], "tracin_ekfac"]  # + the optional ekfac_tracin
+    stages = {st.stage for st in plan.plan(_with(default, "methods", enabled=enabled))}
+    assert set(pm.STAGE_OF_RULE.values()) <= stages
+
+
+def test_suite_job_counts(paper: dict) -> None:
+    """One job per twin where the rule has a {model} wildcard, one for the others (the
+    rehearsal's counts, which tests/test_rehearsal.py compares with the run's)."""
+    cfg = config.load([ROOT / "config.yaml", PAPER, REHEARSAL])
+    jobs = {st.stage: st.jobs for st in plan.plan(cfg)}
+    per_twin = ["fidelity", "context_attribute", "membership_detect", "grounding_respond"]
+    once = ["facts", "reading", "context_build", "context_analysis", "membership_samples"]
+    once += ["membership_analysis", "grounding_build", "grounding_analysis"]
+    assert {s: jobs[s] for s in per_twin} == dict.fromkeys(per_twin, 2)
+    assert {s: jobs[s] for s in once} == dict.fromkeys(once, 1)
+    gpu = {st.stage for st in plan.plan(paper) if st.gpu}
+    assert set(per_twin) | {"reading"} <= gpu
+    assert not {"facts", "context_build", "membership_analysis"} & gpu
+
+
+def test_context_methods_are_the_registered_ones() -> None:
+    from plantbench.suites.context.methods import registry
+
+    registry.names()
+    builtin = {
+        name
+        for name, m in registry._REGISTRY.items()
+        if m.fn.__module__.startswith("plantbench.suites.context.methods.")
+    }
+    assert set(plan.CONTEXT_METHODS) == builtin
+
+
+def _run_context_query(monkeypatch: pytest.MonkeyPatch, cfg: dict) -> tuple[int, list[list[int]]]:
+    """One query through every context method and the learned rows with a stand-in twin:
+    (prompt passes run, the kept segments of each batch's prompts)."""
+    from plantbench.suites.context import attribute
+    from plantbench.suites.context import oracle as om
+    from plantbench.suites.context.settings import settings
+
+    batches: list[list[int]] = []
+
+    def logprobs(model: Any, prefixes: list, cands: list) -> tuple[np.ndarray, np.ndarray]:
+        batches.append([len(p) - 1 for p in prefixes])
+        r = np.random.default_rng(len(batches))
+        return r.normal(-5, 1, (len(prefixes), len(cands))), np.zeros((len(prefixes), len(cands)))
+
+    class Stand(om.Oracle):
+        def _attention(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            owner = np.array([-1, *np.flatnonzero(mask), -1])
+            return np.random.default_rng(0).random((1, 2, 1, len(owner))), owner
+
+    monkeypatch.setattr(om, "batch_candidate_logprobs", logprobs)
+    # one token per kept segment: a prompt's length tells how many segments it keeps
+    monkeypatch.setattr(
+        om.tokenizer, "encode_batch", lambda tok, t: [[0] * x.count("\n") for x in t]
+    )
+    st = settings(cfg)
+    o = Stand(None, None, [f"s{j}" for j in range(st.segments)], "q", [[1], [2]], 0, st.batch)
+    records: dict = {}
+    attribute.attribute_query(o, st, "q1", records)
+    attribute.learned_rows({"q1": o}, st, records, {"q1": "f1"})
+    return o.passes, batches
+
+
+def test_context_masks_are_what_the_oracle_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 2^k <= context.lattice: the 2^k masks in batches of consecutive keys, padded as
+    planned; without the lattice, about the expected distinct masks the methods ask for."""
+    from plantbench.suites.context.settings import DEFAULTS
+
+    default = config.load([ROOT / "config.yaml"])
+    for k in (4, 6):
+        cfg = _with(default, "context", segments=k)
+        sec = {**DEFAULTS, **cfg["context"]}
+        masks, padded = plan._context_masks(sec, k, plan.CONTEXT_METHODS)
+        passes, batches = _run_context_query(monkeypatch, cfg)
+        assert passes == masks == 2**k
+        assert padded == pytest.approx(sum(len(b) * max(b) for b in batches) / 2**k)
+    for k in (8, 10):  # without the lattice: the expected distinct masks the methods ask for
+        cfg = _with(default, "context", segments=k, lattice=1)
+        sec = {**DEFAULTS, **cfg["context"]}
+        masks, padded = plan._context_masks(sec, k, plan.CONTEXT_METHODS)
+        passes, _ = _run_context_query(monkeypatch, cfg)
+        assert padded == k and 0.8 < passes / masks < 1.25
+
+
+def test_context_flops_scale_with_ablations_and_queries(paper: dict) -> None:
+    # without the lattice (2^10 masks > 1) the ablations add masks, the FLOPs linear in them
+    from plantbench.suites.context.settings import DEFAULTS
+
+    base = _with(paper, "context", segments=10, lattice=1)
+    m, f = [], []
+    for a in (8, 16, 24):
+        cfg = _with(base, "context", ablations=a)
+        m.append(plan._context_masks({**DEFAULTS, **cfg["context"]}, 10, plan.CONTEXT_METHODS)[0])
+        f.append(_flops(cfg, "context_attribute"))
+    assert m[0] < m[1] < m[2]
+    assert (f[2] - f[1]) / (m[2] - m[1]) == pytest.approx((f[1] - f[0]) / (m[1] - m[0]))
+    # with it every mask runs once, whatever the ablations
+    assert _flops(_with(paper, "context", ablations=8), "context_attribute") == pytest.approx(
+        _flops(_with(paper, "context", ablations=64), "context_attribute")
+    )
+    # per query: linear in the facts
+    one = _flops(_with(paper, "facts", facts_per_cell=1), "context_attribute")
+    assert _flops(paper, "context_attribute") == pytest.approx(11 * one)
+    # AttnTrace's subsamples add attention passes
+    more = _with(paper, "context", attntrace_subsamples=16)
+    assert _flops(more, "context_attribute") > _flops(paper, "context_attribute")
+
+
+def test_membership_flops_scale_with_samples(paper: dict) -> None:
+    f = {
+        n: _flops(_with(paper, "membership", samples=n, distractors=0), "membership_detect")
+        for n in (40, 80)
+    }
+    assert f[80] == pytest.approx(2 * f[40])
+    dis = _with(paper, "membership", samples=40, distractors=20)
+    assert f[40] < _flops(dis, "membership_detect") < f[80]  # distractors: one run, not six
+    longer = _with(paper, "membership", samples=40, distractors=0, generate_tokens=24)
+    assert _flops(longer, "membership_detect") > f[40]
+    st = _stage(plan.plan(paper), "membership_detect")  # the seed's 250 / 50 fit the paper grid
+    assert "250 samples + 50 distractors" in st.work
+
+
+def test_grounding_flops_scale_with_contexts_and_tokens(paper: dict) -> None:
+    st = _stage(plan.plan(paper), "grounding_respond")
+    assert "2,112 contexts" in st.work  # 528 facts x 4 conditions
+    two = _with(paper, "grounding", conditions=["factual", "counterfactual"])
+    assert _flops(two, "grounding_respond") == pytest.approx(st.flops / 2)
+    assert _flops(_with(paper, "grounding", max_new_tokens=64), "grounding_respond") > st.flops
+    assert _flops(_with(paper, "grounding", max_new_tokens=1), "grounding_respond") < st.flops
+
+
+def test_fidelity_chunks_windows_and_methods(paper: dict) -> None:
+    st = _stage(plan.plan(paper), "fidelity")
+    p = plan.shape_of(paper).block_linear_params
+    chunks = math.ceil(1056 / (layout.FIDELITY_MEMORY_BYTES // (8 * p)))
+    assert chunks == 264 and f"({chunks} chunks)" in st.work
+    # one pass over the subset per chunk: linear in the windows
+    bare = _with(paper, "fidelity", sweep=[], sketch_sweep=[])
+    f = [_flops(_with(bare, "fidelity", windows=w), "fidelity") for w in (100, 200, 300)]
+    assert f[2] - f[1] == pytest.approx(f[1] - f[0]) and f[0] > 0
+    assert st.flops > f[2]  # the paper's sweep sizes add passes
+    none = _with(paper, "methods", enabled=["bm25", "hidden", "ekfac"])
+    assert "fidelity" not in {s.stage for s in plan.plan(none)}
+
+
+def test_reading_counts_checkpoints_and_the_fork() -> None:
+    default = config.load([ROOT / "config.yaml"])
+    st = _stage(plan.plan(default), "reading")
+    n = len(layout.checkpoint_steps(default["train"]))
+    assert st.work.startswith(f"2 x {n + 1} checkpoints x 72 never-read facts")
+    flat = _with(default, "train", prefix_steps=0)
+    m = len(layout.checkpoint_steps(flat["train"]))
+    assert _flops(flat, "reading") == pytest.approx(st.flops * m / (n + 1))
+
+
+def test_the_shared_prefix_is_trained_once(paper: dict) -> None:
+    default = config.load([ROOT / "config.yaml"])
+    t, w = default["train"], default["stream"]["window"]
+    stages = plan.plan(default)
+    pre, twins = _stage(stages, "pretrain_prefix"), _stage(stages, "pretrain")
+    assert pre.jobs == 1 and pre.tokens == t["prefix_steps"] * t["batch_windows"] * w
+    assert twins.tokens == 2 * (t["steps"] - t["prefix_steps"]) * t["batch_windows"] * w
+    assert "pretrain_prefix" not in {s.stage for s in plan.plan(paper)}
+    both = plan.gpu_hours(pre.flops + twins.flops / 2, "h100")
+    assert plan.wall_hours_pretrain(default, "h100") == pytest.approx(both)
+
+
+def test_suite_memory_follows_what_the_jobs_hold(paper: dict) -> None:
+    """context: a batch of masks' candidate rows and every query's attention weights (kept
+    until AT2 fits); membership: a batch's float64 log-distributions; fidelity: a chunk of
+    float64 query gradients (at most FIDELITY_MEMORY_BYTES)."""
+
+    def mem(cfg: dict, stage: str) -> float:
+        return _stage(plan.plan(cfg), stage).mem_bytes
+
+    ctx = mem(paper, "context_attribute")
+    assert mem(_with(paper, "context", batch=32), "context_attribute") > ctx
+    assert mem(_with(paper, "facts", facts_per_cell=22), "context_attribute") > ctx
+    s = plan.shape_of(paper)
+    one = mem(_with(paper, "membership", batch=1), "membership_detect")
+    two = mem(_with(paper, "membership", batch=2), "membership_detect")
+    c = plan.PAD * (plan.DOC_TOKENS + plan.PROMPT_TOKENS) + 12  # + generate_tokens
+    assert two - one == pytest.approx(c * s.vocab * 16)
+    p = s.block_linear_params
+    small = {**paper, "methods": {**paper["methods"], "enabled": ["grad_dot"]}}
+    assert mem(small, "fidelity") > (layout.FIDELITY_MEMORY_BYTES // (8 * p)) * p * 8

@@ -11,14 +11,14 @@ Counting rules (stated so that the table can be checked by hand):
 * Per-example projected gradients (LoGra): one forward and an activation-only backward, no
   weight gradients: ``4 N + 8 L d T`` per token, per checkpoint in ``features.tracin_checkpoints``
   (the final checkpoint is one of them), for every pool window and every query.
-* Forward only (hidden states, the causal log-probs): ``2 N + 4 L d T`` per token.
+* Forward only (hidden states): ``2 N + 4 L d T`` per token.
 * Text embeddings: a BERT-base-sized encoder (``ENCODER_PARAMS``), windows truncated to
   ``ENCODER_TOKENS`` tokens, ``2 P`` per token; MiniLM (``features.encoder`` names
   ``minilm``, the default study's) is ``MINILM`` (22.7M parameters, 256 tokens).
 * Scoring: ``2 D`` FLOPs per (query, pool window) pair for the gradient methods (times the
   TracIn checkpoints for the TracIn ones); the others are memory-bound and not counted.
-* GPU-hours = FLOPs / (bf16 dense peak x utilisation) / 3600; CPU-only stages (corpus,
-  tokenizer, stream, pool, BM25, curvature, analysis) have none.
+* GPU-hours = FLOPs / (bf16 dense peak x utilisation) / 3600; CPU-only stages (facts, corpus,
+  tokenizer, stream, pool, BM25, curvature, the suites' table steps, analysis) have none.
 * Memory (``mem``): the peak resident memory of one job of the stage, what ``mem_mb`` of that
   rule needs (on a GPU node: host memory; the device's own is about the same tensors). A job
   starts at ``BASE_BYTES`` (Python, pandas, pyarrow) or ``TORCH_BASE_BYTES`` (with torch and
@@ -28,6 +28,59 @@ Counting rules (stated so that the table can be checked by hand):
   plus ``LAYER_BYTES`` per layer, width and intermediate entry and token; the rest is the stage's
   own arrays (the sketch's tables, the Fisher and its eigendecomposition, EK-FAC's factors and a
   chunk of preconditioned queries). Calibrated on the rehearsal (``plantbench plan --measured``).
+* The shared prefix (``train.prefix_steps``) is trained once (``pretrain_prefix``); each twin
+  then trains ``train.steps - prefix_steps`` steps (``pretrain``).
+* The suites and the other steps that run a twin forward count, per forward, ``2 P_b`` per
+  token for the block linears, ``2 V d`` per token that gets the output head, and ``4 L d S``
+  per token that attends to ``S`` positions (:meth:`Shape.fwd_flops`). Text lengths are the
+  template facts' (``SENTENCE_TOKENS`` a context segment, ``PROMPT_TOKENS`` a query with
+  ``<bos>``, ``ANSWER_TOKENS`` a candidate row padded to its fact's longest, ``DOC_TOKENS`` a
+  planted document); a batch of different facts' texts runs ``PAD`` x longer (padded to its
+  longest). ``c`` = ``facts.candidates``, ``Q`` = queries (2 per fact), ``k`` a context's
+  segments.
+* Candidates (:func:`plantbench.model.queries.batch_candidate_logprobs`): ``n`` prompts of
+  ``t`` tokens with the head at their last position only, then ``n c`` rows of
+  ``ANSWER_TOKENS`` with the head, attending to ``t + ANSWER_TOKENS``.
+* ``causal``: 1 job; per twin and fact, the candidates of both forms' prompts alone
+  (``PROMPT_TOKENS``), then of the in-context check's two conditions x both forms, prompts of
+  ``k`` segments (``causal.context_segments``) and the query.
+* ``reading``: 1 job; per twin, per checkpoint (and the fork when there is a prefix), per fact
+  the twin never read (half the facts): the candidates of both forms' in-context prompts.
+* ``fidelity``: 1 job per twin when a gradient method is enabled; ``n_w = min(fidelity.windows,
+  pool)`` windows, queries in chunks of ``FIDELITY_MEMORY_BYTES / (8 P_b)``: one per-example
+  gradient pass over the subset per chunk and one over the queries, each ``4 N + 8 L d T`` plus
+  ``2 P_b`` (the example's weight gradient) per token, ``2 P_b`` per (query, window) product;
+  per ``fidelity.sweep`` / ``sketch_sweep`` size one projected pass over the subset and the
+  queries; ``2 D`` per (query, window) and method (x TracIn checkpoints) for the methods' scores.
+* ``context_attribute``: 1 job per twin, all ``Q`` queries: when ``2^k <= context.lattice``
+  all ``2^k`` masks, in batches of ``context.batch`` consecutive masks each padded to its
+  longest prompt; else the masks the methods ask for (ablations, permutations, leave-one-out,
+  LDS, conditions), as many distinct ones as that many random draws among ``2^k`` give, each of
+  ``k`` segments; per mask its candidates (one prompt); plus the attention passes (AT2,
+  AttnTrace: the full context and ``attntrace_subsamples`` subcontexts keeping
+  ``attntrace_keep`` of the segments), prompt and answer with the head on every position.
+* ``membership_detect``: 1 job per twin, ``N`` samples and ``d`` distractors
+  (``membership.samples`` / ``distractors``, else the seed's 250 / 50 or what the grid has).
+  A run of the two conditions (the query alone; the document then the query) per row: the
+  hidden-state pass and the greedy prefix of each, ``generate_tokens - 1`` decoding steps of
+  each, the KL's teacher-forced pass of each with the continuation, every position with the
+  head; one run on ``N + d`` rows, three more prompt templates and two noise runs (no
+  continuation) on ``N``; each document alone (likelihood baselines); the text encoder on the
+  continuations (``2 P_enc`` a token).
+* ``grounding_respond``: 1 job per twin, ``facts x len(grounding.conditions)`` contexts of
+  ``segments x sentences_per_segment`` sentences and the question: the prompt with the head on
+  every position, then ``max_new_tokens - 1`` decoding steps (at most what the window leaves; no
+  row stopping early: an upper bound); a configured NLI model is not counted.
+* ``facts``, ``context_build`` / ``_analysis``, ``membership_samples`` / ``_analysis``,
+  ``grounding_build`` / ``_analysis``: 1 job each, tables only (memory, no FLOPs).
+* The suites' memory: a twin (4 bytes a parameter; ``reading`` holds two while the next
+  checkpoint loads) and what the code holds at its peak: the candidate rows' float32 logits and
+  log-softmax (8 bytes a vocabulary entry) with their repeated key-value cache (``context``,
+  ``reading``), every query's float64 attention weights (``context``: kept until AT2 fits), a
+  batch's float64 next-token log-distributions (16 bytes an entry: ``membership``), a batch's
+  prompt logits (``grounding``), the chunk of float64 query gradients, a batch of float64
+  window gradients, inputs and output gradients, and the loaded query gradients and Fisher
+  eigenvectors (``fidelity``).
 * Disk: the token stream (uint16 when the vocabulary fits) plus ~40 bytes of manifest per
   window, checkpoints as fp32 safetensors (4 bytes/param), the resumable state (fp32 weights and
   two Adam moments, 12 bytes/param, rounded up to 16 for the optimizer's bookkeeping and RNG),
@@ -42,6 +95,9 @@ from typing import Any
 
 from plantbench import layout
 from plantbench.paths import MODELS
+from plantbench.suites.context.settings import DEFAULTS as CONTEXT_DEFAULTS
+from plantbench.suites.grounding import settings as grounding_settings
+from plantbench.suites.membership import settings as membership_settings
 
 # bf16 dense tensor-core peaks (vendor data sheets, no sparsity), FLOP/s
 GPU_PEAK_BF16: dict[str, float] = {
@@ -61,6 +117,23 @@ LAYER_BYTES = 6  # per token, layer and (8 x width + 4 x intermediate) entry: sa
 ENCODER_PARAMS = 110_000_000  # bge-base / BERT-base
 ENCODER_TOKENS = 512
 MINILM = (22_700_000, 256)  # all-MiniLM-L6-v2: parameters, max_seq_length
+TORCH_IMPORT_BYTES = 0.3e9  # a job that imports torch but loads no model (suite tables, report)
+# Tokens of the facts' texts (the template generator's; measured with the rehearsal's BPE:
+# sentences 16.6, query prompts 14.7, a fact's longest candidate 5.3, documents 63 on average)
+SENTENCE_TOKENS = 17  # a fact's sentence and its line break: one context segment
+PROMPT_TOKENS = 16  # <bos> and a query's prompt (or the grounding question)
+ANSWER_TOKENS = 6  # a candidate row: the fact's candidates padded to its longest
+DOC_TOKENS = 64  # a planted document (at most 240 characters)
+PAD = 1.2  # a batch of different facts' texts runs padded to its longest: ~1.2 x their mean
+CONTEXT_METHODS = (  # the context suite's registered methods (context.methods by default)
+    "contextcite",
+    "attribot",
+    "attribot_pruned",
+    "tracllm",
+    "tokenshap",
+    "at2",
+    "attntrace",
+)
 
 
 def encoder_size(cfg: dict[str, Any]) -> tuple[int, int]:
@@ -126,6 +199,21 @@ class Shape:
 
     def grad_flops_per_token(self) -> float:
         return 4 * self.matmul_params + 2 * self.attn_flops_per_token
+
+    def fwd_flops(self, tokens: float, attended: float, head: bool = True) -> float:
+        """Forward FLOPs of ``tokens`` tokens that each attend to ``attended`` positions (the
+        block linears, attention, and the output head when ``head``)."""
+        per = 2 * self.block_linear_params + 4 * self.n_layer * self.width * attended
+        return tokens * (per + (2 * self.vocab * self.width if head else 0))
+
+    def kv_bytes(self, rows: float, tokens: float) -> float:
+        """A float32 key-value cache of ``rows`` sequences of ``tokens`` tokens."""
+        return rows * tokens * 2 * self.n_layer * self.width * 4
+
+    @property
+    def linear_io(self) -> int:
+        """Inputs plus outputs of one layer's block linears (q, k, v, o, gate, up, down)."""
+        return 11 * self.width + 3 * self.intermediate
 
     def act_bytes(self, tokens: float, logit_bytes: int = LOGIT_BYTES) -> float:
         """Activations of a forward and backward over ``tokens`` tokens (logits dominate)."""
@@ -231,21 +319,22 @@ def _sizes(cfg: dict[str, Any], query_tokens: int) -> _Sizes:
 def plan(cfg: dict[str, Any], query_tokens: int = 32) -> list[Stage]:
     """Every stage's work and disk. ``query_tokens``: tokens of one query + answer (estimate)."""
     z = _sizes(cfg, query_tokens)
-    out = _data_stages(cfg, z)
-    out.append(_pretrain_stage(cfg, z))
-    out.append(_causal_stage(cfg, z))
+    out = [_facts_stage(z), *_data_stages(cfg, z)]
+    out += _pretrain_stages(cfg, z) + [_causal_stage(cfg, z), _reading_stage(cfg, z)]
     out.append(_pool_stage(z))
     out.append(_grads_stage(cfg, z))
     out += _curvature_stages(cfg, z)
     out += _forward_stages(cfg, z)
     out.append(_score_stage(cfg, z))
+    out += _fidelity_stages(cfg, z)
+    out += _context_stages(cfg, z) + _membership_stages(cfg, z) + _grounding_stages(cfg, z)
     out.append(
         Stage(
             "analysis+report",
             2,
             "AP, correlations, bootstrap, figures",
             disk_bytes=5e7,
-            mem_bytes=BASE_BYTES + 0.05e9,  # tables and matplotlib
+            mem_bytes=TORCH_IMPORT_BYTES + 0.05e9,  # the report imports torch and matplotlib
         )
     )
     return out
@@ -287,35 +376,66 @@ def _data_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
     return [corpus, tokenizer, stream]
 
 
-def _pretrain_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
-    nm, tokens_per_model = z.nm, z.tokens_per_model
+def _pretrain_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
+    """The shared prefix (``train.prefix_steps``, trained once) when there is one, then each
+    twin from the fork to ``train.steps``."""
+    nm, prefix = z.nm, layout.prefix_steps(cfg)
     devices, micro = int(cfg["train"]["devices"]), int(cfg["train"]["micro_batch_windows"])
     per_process = TORCH_BASE_BYTES + 16 * z.params + z.s.act_bytes(micro * z.W)
     launcher = BASE_BYTES if devices > 1 else 0.0  # torchrun's own process
-    return Stage(
-        "pretrain",
-        nm,
-        f"{nm} x {z.steps:,} steps x {z.batch} x {z.W:,} = {nm} x {_si(tokens_per_model)} tokens; "
-        f"{z.params / 1e6:.1f}M params, {z.ckpts} checkpoints",
-        tokens=nm * tokens_per_model,
-        flops=nm * tokens_per_model * z.s.train_flops_per_token(),
-        disk_bytes=nm * (z.ckpts * z.params * 4 + z.params * 16),
-        mem_bytes=devices * per_process + launcher,
-        gpu=True,
-    )
+    steps = z.steps - prefix
+    tokens = steps * z.batch * z.W  # per twin
+    out = [
+        Stage(
+            "pretrain",
+            nm,
+            f"{nm} x {steps:,} steps x {z.batch} x {z.W:,} = {nm} x {_si(tokens)} tokens; "
+            f"{z.params / 1e6:.1f}M params, {z.ckpts} checkpoints",
+            tokens=nm * tokens,
+            flops=nm * tokens * z.s.train_flops_per_token(),
+            disk_bytes=nm * (z.ckpts * z.params * 4 + z.params * 16),
+            mem_bytes=devices * per_process + launcher,
+            gpu=True,
+        )
+    ]
+    if prefix:
+        shared = prefix * z.batch * z.W
+        out.insert(
+            0,
+            replace(
+                out[0],
+                stage="pretrain_prefix",
+                jobs=1,
+                work=f"{prefix:,} steps x {z.batch} x {z.W:,} = {_si(shared)} tokens, once",
+                tokens=shared,
+                flops=shared * z.s.train_flops_per_token(),
+                disk_bytes=z.params * 16,  # the state at the fork
+            ),
+        )
+    return out
+
+
+def _candidate_rows(s: Shape, prompts: int, t: float, c: int) -> tuple[float, float]:
+    """(tokens, FLOPs) of :func:`plantbench.model.queries.batch_candidate_logprobs` on
+    ``prompts`` prompts of ``t`` tokens and ``c`` candidates: the prompts with the head at their
+    last position only, then ``prompts x c`` rows of ``ANSWER_TOKENS`` with the head, each
+    attending to its prompt."""
+    rows, a = prompts * c, ANSWER_TOKENS
+    head = 2 * s.vocab * s.width
+    flops = prompts * (s.fwd_flops(t, t, head=False) + head) + s.fwd_flops(rows * a, t + a)
+    return prompts * t + rows * a, flops
 
 
 def _causal_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
-    nm, n_queries, query_tokens = z.nm, z.n_queries, z.query_tokens
+    nm, query_tokens = z.nm, z.query_tokens
     n_cand = int(cfg["facts"]["candidates"])
     k_ctx = layout.context_segments(cfg)
-    # + the in-context check: 2 context conditions, each prompt run once (k segments of about a
-    # query's length, then the query), its cache shared by the candidates' answer tokens
-    # (the prefix keeps its last position's logits only: no head over the context)
-    ic_prefix = nm * n_queries * 2 * (k_ctx + 1) * query_tokens
-    full = nm * n_queries * (query_tokens * n_cand + 2 * n_cand * query_tokens // 4)
-    c_tok = full + ic_prefix
-    flops = full * z.s.forward_flops_per_token() + ic_prefix * z.s.decoder_flops_per_token()
+    # per twin and fact: both forms' prompts alone, then the in-context check's two conditions
+    # (k segments, then the query) of both forms, the candidates continuing from each prompt
+    t = k_ctx * SENTENCE_TOKENS + PROMPT_TOKENS
+    alone, ctx = _candidate_rows(z.s, 2, PROMPT_TOKENS, n_cand), _candidate_rows(z.s, 4, t, n_cand)
+    c_tok = nm * z.facts * (alone[0] + ctx[0])
+    flops = nm * z.facts * (alone[1] + ctx[1])
     return Stage(
         "causal",
         1,
@@ -390,16 +510,21 @@ def _grads_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
     )
 
 
+def _fisher_size(cfg: dict[str, Any], z: _Sizes) -> tuple[int, int]:
+    """(entries, blocks) of the projected Fisher: ``k^2 x k^2`` per block linear (LoGra in
+    block mode), else one ``D x D`` block (a sketch is one block)."""
+    blocks = 7 * z.s.n_layer
+    kk = int(cfg["features"]["grad_k_in"]) * int(cfg["features"]["grad_k_out"])
+    per_module = cfg["curvature"]["mode"] == "block" and cfg["features"]["projection"] == "logra"
+    return (blocks * kk * kk, blocks) if per_module else (z.D * z.D, 1)
+
+
 def _curvature_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
     """The Fisher of the gradient store, then EK-FAC's passes when enabled."""
     s, nm, k_tr, n_pool, n_queries = z.s, z.nm, z.k_tr, z.n_pool, z.n_queries
     budget = layout.ekfac_memory_bytes(cfg)
     b = int(cfg["features"]["batch_windows"])
-    blocks = 7 * s.n_layer
-    kk = int(cfg["features"]["grad_k_in"]) * int(cfg["features"]["grad_k_out"])
-    per_module = cfg["curvature"]["mode"] == "block" and cfg["features"]["projection"] == "logra"
-    cov = blocks * kk * kk if per_module else z.D * z.D  # a sketch is one block
-    n_blocks = blocks if per_module else 1
+    cov, n_blocks = _fisher_size(cfg, z)
     out = [
         Stage(
             "curvature",
@@ -523,6 +648,250 @@ def _ekfac_stage(
     )
 
 
+def _facts_stage(z: _Sizes) -> Stage:
+    docs = z.nm * z.counts["planted"] + z.counts["distractor"]
+    return Stage(
+        "facts",
+        1,
+        f"{z.facts} facts, {docs:,} documents",
+        disk_bytes=docs * 300 + z.n_queries * 100,
+        mem_bytes=BASE_BYTES,  # the tables are a few MB
+    )
+
+
+def _reading_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
+    """Each twin's checkpoints (and the fork) score the in-context prompts of the facts it never
+    read: per fact one :func:`plantbench.model.queries.batch_candidate_logprobs` call."""
+    s, k, c = z.s, layout.context_segments(cfg), int(cfg["facts"]["candidates"])
+    per_twin = z.ckpts + (1 if layout.prefix_steps(cfg) else 0)  # + the fork
+    evals = z.nm * per_twin
+    t = k * SENTENCE_TOKENS + PROMPT_TOKENS  # a context prompt, both forms of a fact
+    tok, flops = _candidate_rows(s, 2, t, c)
+    rows = 2 * c  # both forms' prompts x the candidates
+    return Stage(
+        "reading",
+        1,
+        f"{z.nm} x {per_twin} checkpoints x {z.facts // 2} never-read facts x 2 forms, "
+        f"{k} segments",
+        tokens=evals * z.facts // 2 * tok,
+        flops=evals * z.facts // 2 * flops,
+        disk_bytes=1e4,
+        # two models while the next checkpoint loads; the candidate rows' logits and
+        # log-softmax (float32) and their repeated key-value cache
+        mem_bytes=TORCH_BASE_BYTES
+        + 8 * z.params
+        + rows * ANSWER_TOKENS * s.vocab * 8
+        + s.kv_bytes(rows, t + ANSWER_TOKENS),
+        gpu=True,
+    )
+
+
+def _fidelity_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
+    """Exact float64 gradient products on the subset (:mod:`plantbench.attribution.fidelity`),
+    one job per twin; none without a gradient method."""
+    methods = [m for m in cfg["methods"]["enabled"] if m in GRAD_METHODS or m in TRACIN_METHODS]
+    if not methods:
+        return []
+    s, p, n_q = z.s, z.s.block_linear_params, z.n_queries
+    n_w = min(layout.fidelity_windows(cfg), z.n_pool)
+    chunk = min(n_q, max(1, layout.FIDELITY_MEMORY_BYTES // (8 * p)))
+    chunks = math.ceil(n_q / chunk)
+    tok_w, tok_q = n_w * z.W, n_q * z.query_tokens
+    per_token = s.grad_flops_per_token() + 2 * p  # + each example's weight gradient
+    exact = (chunks * tok_w + tok_q) * per_token + 2 * n_q * n_w * p
+    sweep = _sweep_flops(cfg, s, tok_w + tok_q)
+    k_tr = z.k_tr if any(m in TRACIN_METHODS for m in methods) else 1
+    scores = sum(2 * z.D * n_q * n_w * (z.k_tr if m in TRACIN_METHODS else 1) for m in methods)
+    b = int(cfg["features"]["batch_windows"])
+    cov, _ = _fisher_size(cfg, z)
+    curvatures = z.k_tr if "tracin_influence" in methods else int("influence" in methods)
+    n_sweep = len(layout.sweep_dims(cfg)) + len(layout.sketch_sweep_dims(cfg))
+    mem = (
+        TORCH_BASE_BYTES
+        + 4 * z.params
+        + (chunk + b) * p * 8  # a chunk of query gradients, a batch of window gradients
+        + b * z.W * s.n_layer * s.linear_io * 8  # the batch's float64 inputs and deltas
+        + s.act_bytes(b * z.W, GRAD_LOGIT_BYTES)
+        + k_tr * n_q * z.D * 8  # the methods' query gradients and eigenvectors (float64)
+        + curvatures * cov * 8
+    )
+    return [
+        Stage(
+            "fidelity",
+            z.nm,
+            f"{z.nm} x {n_w:,} windows x {n_q:,} queries ({chunks} chunk"
+            f"{'s' if chunks > 1 else ''}), {len(methods)} methods, {n_sweep} sweep sizes",
+            tokens=z.nm * ((chunks + n_sweep) * tok_w + (1 + n_sweep) * tok_q),
+            flops=z.nm * (exact + sweep + scores),
+            disk_bytes=z.nm * n_q * n_w * (8 + 16 * len(methods)),
+            mem_bytes=mem,
+            gpu=True,
+        )
+    ]
+
+
+def _sweep_flops(cfg: dict[str, Any], s: Shape, tokens: float) -> float:
+    """The fidelity sweep: per size one projected-gradient pass over the subset and queries."""
+    grad, p, modules = s.grad_flops_per_token(), s.block_linear_params, 7 * s.n_layer
+    out = 0.0
+    for k in layout.sweep_dims(cfg):  # LoGra k x k: project x and delta, then the outer sum
+        out += tokens * (grad + 2 * k * s.n_layer * s.linear_io + 2 * k * k * modules)
+    out += len(layout.sketch_sweep_dims(cfg)) * tokens * (grad + 2 * p)  # the exact gradient
+    return out
+
+
+def _context_masks(sec: dict[str, Any], k: int, methods: tuple[str, ...]) -> tuple[float, float]:
+    """(prompt passes of one query, mean segments its batches are padded to). With 2^k at most
+    ``context.lattice`` every mask runs up front in batches of consecutive keys; else the
+    expected distinct masks the methods ask for, on full-length batches."""
+    batch, n = int(sec["batch"]), 2**k
+    if n <= int(sec["lattice"]):
+        chunks = [range(i, min(i + batch, n)) for i in range(0, n, batch)]
+        return n, sum(len(c) * max(x.bit_count() for x in c) for c in chunks) / n
+
+    def distinct(draws: float, of: int) -> float:  # of ``draws`` uniform picks among ``of``
+        return of * (1 - (1 - 1 / of) ** draws)
+
+    ablations = int(sec["ablations"]) * (("contextcite" in methods) + ("at2" in methods))
+    asked = distinct(ablations + int(sec["lds_masks"]), n)  # keep probability 1/2: uniform
+    if "tokenshap" in methods:  # a permutation's prefix of j segments: a uniform j-subset
+        perms = int(sec["shapley_permutations"])
+        asked += sum(distinct(perms, math.comb(k, j)) for j in range(1, k))
+    ks = {min(int(x), k) for x in (*sec["top_k"], *sec["drop_k"])}
+    asked += 2 + 2 * len(ks) * len(methods)  # empty, full; each method's top-k conditions
+    asked += k * ("attribot" in methods) + (2 + k) * ("attribot_pruned" in methods)
+    asked += 4 * int(sec["tracllm_top"]) * math.ceil(math.log2(k)) * ("tracllm" in methods)
+    return distinct(asked, n), float(k)  # the kinds of masks overlap as if drawn at random
+
+
+def _context_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
+    """The context suite: contexts, every method's ablations under each twin, the tables."""
+    s, c = z.s, int(cfg["facts"]["candidates"])
+    sec = {**CONTEXT_DEFAULTS, **cfg.get("context", {})}
+    k = int(sec.get("segments", layout.context_segments(cfg)))
+    methods = tuple(sec.get("methods", CONTEXT_METHODS))
+    masks, padded = _context_masks(sec, k, methods)
+    t, full = padded * SENTENCE_TOKENS + PROMPT_TOKENS, k * SENTENCE_TOKENS + PROMPT_TOKENS
+    a = ANSWER_TOKENS
+    per_mask = _candidate_rows(s, 1, t, c)[1]  # a mask's prompt, then the candidates' rows
+    # attention passes (AT2, AttnTrace): the full context and attntrace_subsamples subsamples
+    subs = int(sec["attntrace_subsamples"]) if "attntrace" in methods else 0
+    kept = float(sec["attntrace_keep"]) * k * SENTENCE_TOKENS + PROMPT_TOKENS + a
+    att = {"at2", "attntrace"} & set(methods)
+    att_tok = (full + a if att else 0) + subs * kept
+    att_flops = (s.fwd_flops(full + a, full + a) if att else 0) + subs * s.fwd_flops(kept, kept)
+    n_q, rows = z.n_queries, min(int(sec["batch"]), masks) * c
+    heads = int(cfg["model"].get("n_head", 1))
+    attribute = Stage(
+        "context_attribute",
+        z.nm,
+        f"{z.nm} x {n_q:,} queries x ({masks:.0f} masks x {c} candidates + "
+        f"{int(bool(att)) + subs} attention passes), {k} segments, {len(methods)} methods",
+        tokens=z.nm * n_q * (masks * (t + c * a) + att_tok),
+        flops=z.nm * n_q * (masks * per_mask + att_flops),
+        disk_bytes=z.nm * n_q * len(methods) * (k + 8) * 40,
+        # a batch's candidate rows: logits and log-softmax (float32), the repeated key-value
+        # cache; every query's attention weights (float64) stay until the learned methods fit
+        mem_bytes=TORCH_BASE_BYTES
+        + 4 * z.params
+        + rows * a * s.vocab * 8
+        + s.kv_bytes(rows, full + a)
+        + n_q * s.n_layer * heads * a * att_tok * 8,
+        gpu=True,
+    )
+    return [
+        _table_stage("context_build", f"{n_q:,} contexts of {k} segments", n_q * k * 200),
+        attribute,
+        _table_stage(  # torch and matplotlib imported
+            "context_analysis", "the seed's tables, bootstrap", 1e6, TORCH_IMPORT_BYTES + 0.1e9
+        ),
+    ]
+
+
+def _table_stage(
+    name: str, work: str, disk: float, mem: float = TORCH_IMPORT_BYTES + 0.05e9
+) -> Stage:
+    """A suite's table step, one job, no model (by default: torch imported, the tokenizer and
+    the tables)."""
+    return Stage(name, 1, work, disk_bytes=disk, mem_bytes=mem)
+
+
+def _conditions(s: Shape, rows: int, p: float, c: float, g: int) -> tuple[float, float]:
+    """(tokens, FLOPs) of :func:`plantbench.suites.membership.trace.run_conditions`: per row
+    the query alone (``p`` tokens) and the document then the query (``c``), each with the head
+    on every position: the hidden states, the greedy prefix and ``g - 1`` decoding steps, and
+    the KL's teacher-forced pass (+ the ``g`` continuation tokens)."""
+    once = 2 * (s.fwd_flops(p, p) + s.fwd_flops(c, c))
+    kl = s.fwd_flops(p + g, p + g) + s.fwd_flops(c + g, c + g)
+    steps = max(g - 1, 0) * (s.fwd_flops(1, p + g) + s.fwd_flops(1, c + g))
+    tokens = 3 * (p + c) + 2 * g + 2 * max(g - 1, 0)
+    return rows * tokens, rows * (once + kl + steps)
+
+
+def _membership_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
+    """The membership suite: samples, each twin's conditions, probes and controls, tables."""
+    s, st = z.s, membership_settings.settings(cfg)
+    n, _, d = membership_settings.sizes(st, z.counts["planted"], z.counts["distractor"])
+    g, p, c = st.generate_tokens, PAD * PROMPT_TOKENS, PAD * (DOC_TOKENS + PROMPT_TOKENS)
+    enc, _ = encoder_size(cfg)
+    # the samples and distractors once; three more templates and two noise runs (no
+    # continuation) on the samples; each document alone (the likelihood baselines)
+    runs = [_conditions(s, n + d, p, c, g), *[_conditions(s, n, p, c, g)] * 3]
+    runs += [_conditions(s, n, p, c, 0)] * 2
+    doc = PAD * DOC_TOKENS + 1
+    texts = 2 * (n + d) + 3 * 2 * n  # continuations the encoder embeds (L1)
+    flops = sum(f for _, f in runs) + n * s.fwd_flops(doc, doc) + texts * (g + 2) * 2 * enc
+    tokens = sum(t for t, _ in runs) + n * doc
+    detect = Stage(
+        "membership_detect",
+        z.nm,
+        f"{z.nm} x ({n} samples + {d} distractors) x 6 runs of 2 conditions, {g} tokens generated",
+        tokens=z.nm * tokens,
+        flops=z.nm * flops,
+        disk_bytes=z.nm * (n + d) * (s.n_layer + 20) * 8 * 4,
+        # the encoder, and a batch's next-token log-distributions along the continuation
+        # (float64 logits and their log-softmax) in the KL's teacher-forced pass
+        mem_bytes=TORCH_BASE_BYTES + 4 * z.params + 4 * enc + st.batch * (c + g) * s.vocab * 16,
+        gpu=True,
+    )
+    return [
+        _table_stage("membership_samples", f"{z.nm} x {n} samples + {d} distractors", 1e5 * z.nm),
+        detect,
+        _table_stage("membership_analysis", "Tables 1 and 2", 1e5, BASE_BYTES + 0.05e9),
+    ]
+
+
+def _grounding_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
+    """The grounding suite: contexts, each twin's greedy responses, the tables."""
+    s, st = z.s, grounding_settings.settings(cfg)
+    contexts = z.facts * len(st.conditions)
+    t = PAD * (st.sentences * SENTENCE_TOKENS + PROMPT_TOKENS)
+    g = max(1, min(st.max_new_tokens, z.W - int(t)))
+    # the prompt with the head on every position, then g - 1 steps of one token (no row
+    # stopping early: an upper bound)
+    flops = contexts * (s.fwd_flops(t, t) + (g - 1) * s.fwd_flops(1, t + g))
+    nli = "" if st.nli_model is None else " (the NLI model not counted)"
+    respond = Stage(
+        "grounding_respond",
+        z.nm,
+        f"{z.nm} x {contexts:,} contexts of {st.sentences} sentences, up to {g} tokens{nli}",
+        tokens=z.nm * contexts * (t + g - 1),
+        flops=z.nm * flops,
+        disk_bytes=z.nm * contexts * 400,
+        # a batch's prompt logits (float32, every position) and its key-value cache
+        mem_bytes=TORCH_BASE_BYTES
+        + 4 * z.params
+        + st.batch * t * s.vocab * 4
+        + s.kv_bytes(st.batch, t + g),
+        gpu=True,
+    )
+    return [
+        _table_stage("grounding_build", f"{contexts:,} contexts", contexts * st.sentences * 200),
+        respond,
+        _table_stage("grounding_analysis", "CK / PK / CR tables", 1e5, BASE_BYTES + 0.05e9),
+    ]
+
+
 def _si(x: float) -> str:
     if x == 0:
         return "0"
@@ -575,7 +944,8 @@ def format_markdown(
         f"{s.matmul_params:,}; training FLOPs/token = 6N + 12·L·d·T = {per_tok / 1e6:.1f}M.",
         f"GPU-hours at {utilisation:.0%} of the bf16 dense peak ("
         + ", ".join(f"{g.upper()} {GPU_PEAK_BF16[g] / 1e12:.0f} TFLOP/s" for g in gpus)
-        + "); '-' = CPU stage. Per model, pretraining takes half the pretrain row. mem/job: "
+        + "); '-' = CPU stage. Per model, pretraining takes half the pretrain row (after "
+        "pretrain_prefix, trained once, when there is one). mem/job: "
         "one job's peak resident memory (its rule's mem_mb; pretrain: all train.devices "
         "processes of a twin).",
     ]
@@ -585,11 +955,12 @@ def format_markdown(
 def wall_hours_pretrain(
     cfg: dict[str, Any], gpu: str, utilisation: float = DEFAULT_UTILISATION
 ) -> float:
-    """Wall-clock hours of one model's pretraining on ``train.devices`` GPUs of that kind."""
-    st = next(x for x in plan(cfg) if x.stage == "pretrain")
-    return gpu_hours(st.flops / len(MODELS), gpu, utilisation) / max(
-        1, int(cfg["train"]["devices"])
-    )
+    """Wall-clock hours of one model's pretraining on ``train.devices`` GPUs of that kind (the
+    shared prefix, then its own steps)."""
+    stages = {x.stage: x for x in plan(cfg)}
+    prefix = stages["pretrain_prefix"].flops if "pretrain_prefix" in stages else 0.0
+    flops = prefix + stages["pretrain"].flops / len(MODELS)
+    return gpu_hours(flops, gpu, utilisation) / max(1, int(cfg["train"]["devices"]))
 
 
 def check_finite(stages: list[Stage]) -> None:

@@ -5,10 +5,11 @@ benchmark files, grouped by rule as :mod:`plantbench.ops.timeline` groups them),
 seconds and the largest peak resident memory (``max_rss``) next to the plan's FLOPs and
 per-job memory. The plan's FLOPs become seconds at one CPU FLOP rate, calibrated on the run
 itself: the pretrain stage's FLOPs over its CPU seconds (pure matrix multiplies at the run's
-shapes and precision); stages without FLOPs (corpus, tokenizer, stream, pool, analysis) get no
-time prediction; each job of a stage with FLOPs adds ``JOB_CPU_S`` of fixed cost (imports,
-inputs, meta), which dominates only at tiny counts. Ratios are measured / planned; the table flags any outside [1/2, 2]. Written
-as ``plan_vs_measured.md`` into the benchmarks folder (also by the Snakefile's ``onsuccess``).
+shapes and precision); stages without FLOPs (facts, corpus, tokenizer, stream, pool, the suites'
+table steps, analysis) get no time prediction; each job of a stage with FLOPs adds
+``JOB_CPU_S`` of fixed cost (imports, inputs, meta), which dominates only at tiny counts. Ratios
+are measured / planned; the table flags any outside [1/2, 2]. Written as
+``plan_vs_measured.md`` into the benchmarks folder (also by the Snakefile's ``onsuccess``).
 """
 
 from __future__ import annotations
@@ -26,13 +27,16 @@ TOLERANCE = 2.0  # measured within [plan / 2, plan x 2]
 # a torch job's fixed CPU seconds (interpreter, torch and transformers imports, reading its
 # inputs, writing its meta) beside its FLOPs: measured on the rehearsal's curvature and score jobs
 JOB_CPU_S = 2.5
-# rules -> the plan's stage (rules not listed have no row in the plan)
+# rules -> the plan's stage (a rule not listed has no row in the plan: see UNPLANNED)
 STAGE_OF_RULE: dict[str, str] = {
+    "facts": "facts",
     "corpus": "corpus",
     "tokenizer": "tokenizer",
     "stream": "stream",
+    "pretrain_prefix": "pretrain_prefix",
     "pretrain": "pretrain",
     "causal": "causal",
+    "reading": "reading",
     "pool": "pool",
     "grads_pool": "grads",
     "grads_queries": "grads",
@@ -43,8 +47,28 @@ STAGE_OF_RULE: dict[str, str] = {
     "embed": "embed",
     "embed_shared": "embed",
     "score": "score",
+    "fidelity": "fidelity",
+    "context_build": "context_build",
+    "context_attribute": "context_attribute",
+    "context_analysis": "context_analysis",
+    "membership_samples": "membership_samples",
+    "membership_detect": "membership_detect",
+    "membership_analysis": "membership_analysis",
+    "grounding_build": "grounding_build",
+    "grounding_respond": "grounding_respond",
+    "grounding_analysis": "grounding_analysis",
     "analysis": "analysis+report",
     "report": "analysis+report",
+}
+# the workflow's rules without a plan row, by design (tests/test_plan.py checks that every
+# rule of the workflow is here or in STAGE_OF_RULE)
+UNPLANNED: dict[str, str] = {
+    "all": "the default target, no job",
+    "trackstar": "off by default (methods.enabled without trackstar)",
+    "replicates": "the summary over replicates (replicates > 1): small tables",
+    "verify": "a recheck of a finished run's hashes, asked for by name",
+    "export": "the release bundle of a finished run, asked for by name",
+    "bench": "this machine's benchmark, asked for by name",
 }
 
 
