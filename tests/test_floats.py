@@ -170,3 +170,26 @@ def test_reference_without_float_paths_is_a_skip(tmp_path, smoke_cfg):
     got, name = _case(tmp_path, smoke_cfg, made=HERE, ref_float=None, same=False)
     assert got[f"reference {name}"].status == "SKIP"
     assert "--write-reference" in got[f"reference {name}"].detail
+
+
+BF16_ATTENTION = """
+import plantbench  # the pin, before torch runs a kernel
+import torch
+from plantbench.model import pretrain
+q = torch.randn(1, 12, 256, 64, requires_grad=True)
+with pretrain._autocast("bf16", torch.device("cpu")):
+    out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+out.float().sum().backward()
+print(out.dtype, bool(torch.isfinite(q.grad).all()))
+"""
+
+
+def test_bf16_attention_runs_under_the_pin():
+    """bf16 autocast on the CPU under the AVX2 pin: ATen's flash kernel fails on CPUs with AMX
+    ("pack_vnni2 is only supported when avx512 is supported"); pretraining's autocast runs the
+    math kernel instead (on other CPUs this passes either way)."""
+    out = subprocess.run(
+        [sys.executable, "-c", BF16_ATTENTION], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["torch.bfloat16", "True"]

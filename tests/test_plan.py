@@ -361,3 +361,15 @@ def test_suite_memory_follows_what_the_jobs_hold(paper: dict) -> None:
     p = s.block_linear_params
     small = {**paper, "methods": {**paper["methods"], "enabled": ["grad_dot"]}}
     assert mem(small, "fidelity") > (layout.FIDELITY_MEMORY_BYTES // (8 * p)) * p * 8
+
+
+def test_rule_memory_follows_the_plan() -> None:
+    """The rules' mem_mb (workflow/rules/config.smk, plan_mem_mb): the plan's per-job peak
+    plus a quarter where that is above the rule's floor, the floor otherwise."""
+    paper = plan.plan(config.load([ROOT / "config.yaml", ROOT / "workflow/presets/paper.yaml"]))
+    mem = {st.stage: st.mem_bytes for st in paper}
+    assert plan.rule_mem_mb(paper, "grads", 3000) == math.ceil(1.25 * mem["grads"] / 1e6) > 20000
+    assert plan.rule_mem_mb(paper, "ekfac", 4000) > 1.25 * mem["ekfac"] / 1e6 - 1
+    assert plan.rule_mem_mb(paper, "pretrain_prefix", 4000) == 4000  # no prefix at paper scale
+    smoke = plan.plan(config.load([ROOT / "config.yaml", ROOT / "tests/smoke/config.yaml"]))
+    assert plan.rule_mem_mb(smoke, "grads", 3000) == 3000

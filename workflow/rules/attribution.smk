@@ -50,7 +50,7 @@ rule grads_pool:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=lambda wc, attempt: 3000 * attempt,
+        mem_mb=plan_mem_mb("grads", 3000),
         runtime=lambda wc, attempt: 60 * attempt,
     params:
         replicate=replicate_of,
@@ -78,7 +78,7 @@ rule grads_queries:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=lambda wc, attempt: 3000 * attempt,
+        mem_mb=plan_mem_mb("grads", 3000),
         runtime=lambda wc, attempt: 20 * attempt,
     params:
         replicate=replicate_of,
@@ -104,7 +104,7 @@ rule curvature:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=lambda wc, attempt: 4000 * attempt,
+        mem_mb=plan_mem_mb("curvature", 4000),
         runtime=lambda wc, attempt: 20 * attempt,
     params:
         replicate=replicate_of,
@@ -133,7 +133,7 @@ rule hidden:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=lambda wc, attempt: 4000 * attempt,
+        mem_mb=plan_mem_mb("hidden", 4000),
         runtime=lambda wc, attempt: 30 * attempt,
     params:
         replicate=replicate_of,
@@ -162,7 +162,7 @@ rule embed_shared:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=lambda wc, attempt: 4000 * attempt,
+        mem_mb=plan_mem_mb("embed", 4000),
         runtime=lambda wc, attempt: 60 * attempt,
     params:
         replicate=replicate_of,
@@ -189,7 +189,7 @@ rule embed:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=lambda wc, attempt: 4000 * attempt,
+        mem_mb=plan_mem_mb("embed", 4000),
         runtime=lambda wc, attempt: 60 * attempt,
     params:
         replicate=replicate_of,
@@ -217,7 +217,7 @@ rule score:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=lambda wc, attempt: 4000 * attempt,
+        mem_mb=plan_mem_mb("score", 4000),
         runtime=lambda wc, attempt: 30 * attempt,
     params:
         replicate=replicate_of,
@@ -253,7 +253,7 @@ rule ekfac:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=lambda wc, attempt: 4000 * attempt,
+        mem_mb=plan_mem_mb("ekfac", 4000),
         runtime=lambda wc, attempt: 60 * attempt,
     params:
         replicate=replicate_of,
@@ -283,7 +283,7 @@ rule ekfac_tracin:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=lambda wc, attempt: 4000 * attempt,
+        mem_mb=plan_mem_mb("ekfac_tracin", 4000),
         runtime=lambda wc, attempt: 60 * attempt,
     params:
         replicate=replicate_of,
@@ -342,7 +342,7 @@ rule fidelity:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=lambda wc, attempt: 6000 * attempt,
+        mem_mb=plan_mem_mb("fidelity", 6000),
         runtime=lambda wc, attempt: 30 * attempt,
     params:
         replicate=replicate_of,

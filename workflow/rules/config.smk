@@ -11,6 +11,7 @@ from snakemake.settings.types import DeploymentMethod
 
 import plantbench.config as _pbconfig
 import plantbench.errors as _pberrors
+import plantbench.ops.plan as _pbplan
 import plantbench.replicates as _pbrep
 import plantbench.runconfig as _pbrun
 
@@ -180,3 +181,16 @@ def stream_mem_mb(wc, attempt):
 
 def stream_runtime(wc, attempt):
     return attempt * max(60, int(0.006 * _text_mb()))
+
+
+# The model steps' memory: each rule's mem_mb is `plantbench plan`'s per-job peak memory for its
+# stage (src/plantbench/ops/plan.py, rule_mem_mb; checked within 2x of the benchmark files by the
+# rehearsal, tests/test_rehearsal.py) plus a quarter, never below the rule's floor (MB), times the
+# attempt. A stage the plan leaves out for this config (no EK-FAC, no prefix) gets the floor. At
+# the paper preset this asks, e.g., 32 GB for a grads job, 41 GB for EK-FAC, 83 GB for fidelity.
+_PLAN = _pbplan.plan(config)
+
+
+def plan_mem_mb(stage, floor):
+    mb = _pbplan.rule_mem_mb(_PLAN, stage, floor)
+    return lambda wc, attempt: mb * attempt

@@ -46,7 +46,7 @@ rule context_attribute:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=lambda wc, attempt: 4000 * attempt,
+        mem_mb=plan_mem_mb("context_attribute", 4000),
         runtime=lambda wc, attempt: 30 * attempt,
     params:
         sections=sections("context_attribute"),

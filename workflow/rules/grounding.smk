@@ -44,7 +44,7 @@ rule grounding_respond:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=lambda wc, attempt: 4000 * attempt,
+        mem_mb=plan_mem_mb("grounding_respond", 4000),
         runtime=lambda wc, attempt: 30 * attempt,
     params:
         sections=sections("grounding_respond"),

@@ -47,7 +47,7 @@ rule membership_detect:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=lambda wc, attempt: 4000 * attempt,
+        mem_mb=plan_mem_mb("membership_detect", 4000),
         runtime=lambda wc, attempt: 30 * attempt,
     params:
         sections=sections("membership_detect"),

@@ -23,7 +23,7 @@ rule pretrain_prefix:
     threads: PREFIX_THREADS
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=lambda wc, attempt: 4000 * attempt,
+        mem_mb=plan_mem_mb("pretrain_prefix", 4000),
         runtime=lambda wc, attempt: 60 * attempt,
     params:
         replicate=replicate_of,
@@ -54,7 +54,7 @@ rule pretrain:
     threads: config["train"]["threads"]
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=lambda wc, attempt: 4000 * attempt,
+        mem_mb=plan_mem_mb("pretrain", 4000),
         runtime=lambda wc, attempt: 60 * attempt,
     params:
         replicate=replicate_of,

@@ -20,7 +20,7 @@ rule causal:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=4000,
+        mem_mb=plan_mem_mb("causal", 4000),
         runtime=30,
     params:
         replicate=replicate_of,
@@ -45,7 +45,7 @@ rule reading:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=4000,
+        mem_mb=plan_mem_mb("reading", 4000),
         runtime=30,
     params:
         replicate=replicate_of,

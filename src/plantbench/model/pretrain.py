@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from plantbench import floats, io, layout, replicates
 from plantbench.config import canonical_json, train_recipe
@@ -189,9 +190,19 @@ def _autocast(precision: str, device: torch.device) -> Any:
     use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
     if use_bf16:
         if device.type == "cpu":
-            floats.lift_for_bf16()
+            return _cpu_bf16()
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return torch.autocast(device_type=device.type, enabled=False)
+
+
+@contextlib.contextmanager
+def _cpu_bf16() -> Any:
+    """bf16 autocast on the CPU, attention in the math kernel: ATen's bf16 flash kernel packs
+    for AMX where the CPU has it, which fails under the float pin's AVX2 dispatch ("pack_vnni2
+    is only supported when avx512 is supported"; found by the paper preset's rehearsal)."""
+    floats.lift_for_bf16()
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16), sdpa_kernel(SDPBackend.MATH):
+        yield
 
 
 def make_optimizer(

@@ -901,6 +901,16 @@ def _si(x: float) -> str:
     return f"{x:.3g}"
 
 
+MEM_HEADROOM = 1.25  # a rule's mem_mb over its stage's planned per-job peak
+
+
+def rule_mem_mb(stages: list[Stage], stage: str, floor: int, headroom: float = MEM_HEADROOM) -> int:
+    """A rule's ``mem_mb`` for its first attempt: ``stage``'s planned per-job peak memory times
+    ``headroom``, in MB, at least ``floor``; ``floor`` when this config plans no such stage."""
+    planned = next((st.mem_bytes for st in stages if st.stage == stage), 0.0)
+    return max(int(floor), math.ceil(headroom * planned / 1e6))
+
+
 def gpu_hours(flops: float, gpu: str, utilisation: float = DEFAULT_UTILISATION) -> float:
     if gpu not in GPU_PEAK_BF16:
         raise ValueError(f"unknown GPU '{gpu}'; known: {', '.join(GPU_PEAK_BF16)}")
