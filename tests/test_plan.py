@@ -96,9 +96,12 @@ def test_disk_and_job_counts(paper: dict) -> None:
     grads = _stage(stages, "grads")
     n_pool = 11_220 + 1_056 + 100_000
     assert grads.jobs == 2 * 4 * (14 + 1)
-    assert grads.disk_bytes == 2 * 4 * (n_pool + 1_056) * 15_360 * 2  # float16
+    rows = 2 * 4 * (n_pool + 1_056) * 15_360 * 2  # float16
+    # + the final checkpoint's 14 shards' float64 Kronecker factor sums (EK-FAC), per twin
+    factors = 2 * 14 * 8 * 12 * (8 * 768**2 + 3 * (768**2 + 2048**2))
+    assert grads.disk_bytes == rows + factors
     curv = _stage(stages, "curvature")
-    assert curv.disk_bytes == 2 * 4 * 15_360**2 * 8 * 2  # a sketch is one block
+    assert curv.disk_bytes == 2 * 4 * 15_360**2 * 8  # one block (a sketch): float64 eigenvectors
     pre = _stage(stages, "pretrain")
     assert pre.disk_bytes == 2 * (11 * 110_119_680 * 4 + 110_119_680 * 16)
 
@@ -373,3 +376,17 @@ def test_rule_memory_follows_the_plan() -> None:
     assert plan.rule_mem_mb(paper, "pretrain_prefix", 4000) == 4000  # no prefix at paper scale
     smoke = plan.plan(config.load([ROOT / "config.yaml", ROOT / "tests/smoke/config.yaml"]))
     assert plan.rule_mem_mb(smoke, "grads", 3000) == 3000
+
+
+def test_every_planned_stage_has_its_artifact_folders() -> None:
+    """``plan --measured``'s disk column: each stage of the plan (default and paper) is measured
+    on the folders its rules write, all inside the results folder."""
+    from plantbench.ops import plan_measured
+
+    for files in (["config.yaml"], ["config.yaml", "workflow/presets/paper.yaml"]):
+        cfg = config.load([ROOT / f for f in files])
+        folders = plan_measured.artifact_folders(cfg)
+        assert {st.stage for st in plan.plan(cfg)} <= set(folders)
+        root = Path(cfg["results"]).resolve()
+        for fs in folders.values():
+            assert all(root in Path(f).resolve().parents for f in fs)

@@ -187,7 +187,7 @@ def stream_runtime(wc, attempt):
 # stage (src/plantbench/ops/plan.py, rule_mem_mb; checked within 2x of the benchmark files by the
 # rehearsal, tests/test_rehearsal.py) plus a quarter, never below the rule's floor (MB), times the
 # attempt. A stage the plan leaves out for this config (no EK-FAC, no prefix) gets the floor. At
-# the paper preset this asks, e.g., 32 GB for a grads job, 41 GB for EK-FAC, 83 GB for fidelity.
+# the paper preset this asks, e.g., 31 GB for a grads job, 41 GB for EK-FAC, 82 GB for fidelity.
 _PLAN = _pbplan.plan(config)
 
 

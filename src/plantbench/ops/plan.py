@@ -84,7 +84,11 @@ Counting rules (stated so that the table can be checked by hand):
 * Disk: the token stream (uint16 when the vocabulary fits) plus ~40 bytes of manifest per
   window, checkpoints as fp32 safetensors (4 bytes/param), the resumable state (fp32 weights and
   two Adam moments, 12 bytes/param, rounded up to 16 for the optimizer's bookkeeping and RNG),
-  the gradient store ``(pool + queries) x D x bytes`` per (model, checkpoint).
+  the gradient store ``(pool + queries) x D x bytes`` per (model, checkpoint), plus, where an
+  EK-FAC fit follows, every pool shard's float64 Kronecker factor sums (``8 (in^2 + out^2)`` a
+  block linear: 1.8 GB a shard at the paper's 12 layers; found by the rehearsal's disk column),
+  the Fisher's float64 eigenvectors per (model, checkpoint). ``plantbench plan --measured``
+  puts each stage's artifact folders beside it.
 """
 
 from __future__ import annotations
@@ -333,7 +337,7 @@ def plan(cfg: dict[str, Any], query_tokens: int = 32) -> list[Stage]:
             "analysis+report",
             2,
             "AP, correlations, bootstrap, figures",
-            disk_bytes=5e7,
+            disk_bytes=5e6,  # tables and figures (1 MB at the rehearsal)
             mem_bytes=TORCH_IMPORT_BYTES + 0.05e9,  # the report imports torch and matplotlib
         )
     )
@@ -504,7 +508,9 @@ def _grads_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
         f"{nm} models x {k_tr} checkpoints x ({z.shards} shards + queries), D = {z.D:,}",
         tokens=g_tok,
         flops=g_tok * (s.grad_flops_per_token() + sketch_flops) + f_tok * 2 * squares,
-        disk_bytes=nm * k_tr * (n_pool + n_queries) * z.D * z.gbytes,
+        # the rows, and each pool shard's float64 factor sums where an EK-FAC fit follows
+        disk_bytes=nm * k_tr * (n_pool + n_queries) * z.D * z.gbytes
+        + nm * _ekfac_checkpoints(cfg, k_tr) * z.shards * 8 * squares,
         mem_bytes=mem,
         gpu=True,
     )
@@ -532,7 +538,7 @@ def _curvature_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
             f"{cfg['curvature']['mode']} Fisher of {n_pool:,} rows",
             # the sums, then the eigendecomposition (about 9 n^3 a block with its vectors)
             flops=nm * k_tr * (2 * n_pool * cov + 9 * cov * math.sqrt(cov / max(1, n_blocks))),
-            disk_bytes=nm * k_tr * cov * 8 * 2,
+            disk_bytes=nm * k_tr * cov * 8,  # the float64 eigenvectors (and eigenvalues)
             # float64 sums, eigenvectors and LAPACK's workspace, each the size of the blocks
             # (+ 0.2 GB: the job's LAPACK and gradient-store reader, measured on the rehearsal)
             mem_bytes=BASE_BYTES + 0.2e9 + 3 * cov * 8,

@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plantbench import io
+from plantbench import io, layout
 from plantbench.ops import plan as plan_mod
 from plantbench.ops.timeline import Job, read_jobs
+from plantbench.paths import MODELS, Paths
 
 TABLE = "plan_vs_measured.md"
 TOLERANCE = 2.0  # measured within [plan / 2, plan x 2]
+DISK_MIN_MB = 10.0  # disk ratios only for stages planned at least this large (the rest: metas)
 # a torch job's fixed CPU seconds (interpreter, torch and transformers imports, reading its
 # inputs, writing its meta) beside its FLOPs: measured on the rehearsal's curvature and score jobs
 JOB_CPU_S = 2.5
@@ -82,6 +84,8 @@ class Row:
     wall_s: float  # measured job seconds, all jobs
     mem_planned_mb: float  # per job
     mem_measured_mb: float  # largest job's max_rss
+    disk_planned_mb: float = 0.0  # the stage's artifacts, all jobs
+    disk_measured_mb: float = 0.0  # their folders' size on disk (0: not measured)
 
     def seconds_planned(self, rate: float) -> float:
         """The FLOPs at ``rate`` plus each planned job's fixed :data:`JOB_CPU_S`."""
@@ -98,9 +102,17 @@ class Row:
             return None
         return self.mem_measured_mb / self.mem_planned_mb
 
+    def disk_ratio(self) -> float | None:
+        """Measured / planned disk, for stages the plan gives at least :data:`DISK_MIN_MB`
+        (below that a stage's meta and table headers outweigh its data)."""
+        if self.disk_planned_mb < DISK_MIN_MB or self.disk_measured_mb <= 0:
+            return None
+        return self.disk_measured_mb / self.disk_planned_mb
 
-def rows(cfg: dict[str, Any], jobs: list[Job]) -> list[Row]:
-    """One row per planned stage that has jobs in the run."""
+
+def rows(cfg: dict[str, Any], jobs: list[Job], disk: dict[str, float] | None = None) -> list[Row]:
+    """One row per planned stage that has jobs in the run; ``disk``: MB on disk per stage
+    (:func:`disk_mb`; none measured when absent)."""
     out = []
     for st in plan_mod.plan(cfg):
         mine = [j for j in jobs if STAGE_OF_RULE.get(j.stage) == st.stage]
@@ -116,9 +128,59 @@ def rows(cfg: dict[str, Any], jobs: list[Job]) -> list[Row]:
                 sum(j.wall for j in mine),
                 st.mem_bytes / 1e6,
                 max(j.rss_mb for j in mine),
+                st.disk_bytes / 1e6,
+                (disk or {}).get(st.stage, 0.0),
             )
         )
     return out
+
+
+def artifact_folders(cfg: dict[str, Any]) -> dict[str, list[Path]]:
+    """Per plan stage, the folders (or files) its jobs leave in the results folder."""
+    p = Paths(cfg)
+    ckpts = layout.tracin_checkpoints(cfg)
+    final = layout.final_checkpoint(cfg)
+    twins = [*MODELS]
+    return {
+        "facts": [p.facts],
+        "corpus": [p.corpus],
+        "tokenizer": [p.tokenizer],
+        "stream": [p.stream(m) for m in twins],
+        "pretrain_prefix": [p.model("prefix")],
+        "pretrain": [p.model(m) for m in twins],
+        "causal": [p.causal],
+        "reading": [p.reading],
+        "pool": [p.pool(m) for m in twins],
+        "grads": [p.grads(m, c) for m in twins for c in ckpts],
+        "curvature": [p.curvature(m, c).parent for m in twins for c in ckpts],
+        "ekfac": [p.ekfac(m) for m in twins],
+        "ekfac_tracin": [p.ekfac(m, c) for m in twins for c in ckpts if c != final],
+        "hidden": [p.hidden(m) for m in twins],
+        "embed": [p.embed(m) for m in twins] + [p.features("shared")],
+        "score": [p.root / "scores"],
+        "fidelity": [p.fidelity(m) for m in twins],
+        "context_build": [p.context("contexts")],
+        "context_attribute": [p.context(m) for m in twins],
+        "context_analysis": [p.context("analysis")],
+        "membership_samples": [p.membership("samples")],
+        "membership_detect": [p.membership(m) for m in twins],
+        "membership_analysis": [p.membership("analysis")],
+        "grounding_build": [p.grounding("contexts")],
+        "grounding_respond": [p.grounding(m) for m in twins],
+        "grounding_analysis": [p.grounding("analysis")],
+        "analysis+report": [p.root / "analysis", p.report],
+    }
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+def disk_mb(cfg: dict[str, Any]) -> dict[str, float]:
+    """MB each plan stage's artifacts take in this config's results folder."""
+    return {st: sum(_size(f) for f in fs) / 1e6 for st, fs in artifact_folders(cfg).items()}
 
 
 def cpu_rate(table: list[Row]) -> float:
@@ -151,11 +213,13 @@ def _fmt(ratio: float | None) -> str:
 
 def markdown(cfg: dict[str, Any], bench_dir: Path) -> str:
     jobs = read_jobs(Path(bench_dir))
-    table = rows(cfg, jobs)
+    # the artifacts beside the benchmarks folder (the run's results folder)
+    table = rows(cfg, jobs, disk_mb({**cfg, "results": str(Path(bench_dir).resolve().parent)}))
     rate = cpu_rate(table)
     head = (
         "| stage | jobs (plan / run) | FLOPs (plan) | CPU s (plan) | CPU s (run) | job s (run) "
-        "| work run/plan | mem/job MB (plan) | peak MB (run) | mem run/plan |"
+        "| work run/plan | mem/job MB (plan) | peak MB (run) | mem run/plan "
+        "| disk MB (plan) | disk MB (run) | disk run/plan |"
     )
     lines = [
         "# The plan against the measurement",
@@ -163,28 +227,37 @@ def markdown(cfg: dict[str, Any], bench_dir: Path) -> str:
         f"Plan: `plantbench plan` for this run's config; run: the {len(jobs)} benchmark files "
         f"here. CPU FLOP rate {rate / 1e9:.1f} GFLOP/s per CPU second (the pretrain stage's "
         "FLOPs over its CPU seconds). Peak MB: the largest job's `max_rss` (every process of "
-        f"the job). Ratios outside [1/{TOLERANCE:g}, {TOLERANCE:g}] are marked **off**.",
+        "the job). Disk: the stage's artifact folders, all jobs (ratios where the plan gives "
+        f"at least {DISK_MIN_MB:g} MB). Work and memory ratios outside [1/{TOLERANCE:g}, "
+        f"{TOLERANCE:g}] are marked **off**.",
         "",
         head,
-        "|" + "---|" * 10,
+        "|" + "---|" * 13,
     ]
-    for r in table:
-        sp = r.seconds_planned(rate)
-        lines.append(
-            f"| {r.stage} | {r.jobs_planned} / {r.jobs_measured} | "
-            f"{plan_mod._si(r.flops) if r.flops else '-'} | {f'{sp:.1f}' if sp else '-'} | "
-            f"{r.cpu_s:.1f} | {r.wall_s:.1f} | {_fmt(r.work_ratio(rate))} | "
-            f"{r.mem_planned_mb:.0f} | {r.mem_measured_mb:.0f} | {_fmt(r.mem_ratio())} |"
-        )
+    lines += [_line(r, rate) for r in table]
     for rule in unmeasured(jobs):  # measured, not planned: a row each, the plan's columns empty
         mine = [j for j in jobs if j.stage == rule]
         lines.append(
             f"| {rule} (no plan) | - / {len(mine)} | - | - | {sum(j.cpu for j in mine):.1f} | "
-            f"{sum(j.wall for j in mine):.1f} | - | - | {max(j.rss_mb for j in mine):.0f} | - |"
+            f"{sum(j.wall for j in mine):.1f} | - | - | {max(j.rss_mb for j in mine):.0f} | - "
+            "| - | - | - |"
         )
     bad = off(table, rate)
     lines += ["", "Off by more than 2x: " + (", ".join(bad) if bad else "none") + "."]
     return "\n".join(lines) + "\n"
+
+
+def _line(r: Row, rate: float) -> str:
+    sp = r.seconds_planned(rate)
+    disk = r.disk_ratio()
+    return (
+        f"| {r.stage} | {r.jobs_planned} / {r.jobs_measured} | "
+        f"{plan_mod._si(r.flops) if r.flops else '-'} | {f'{sp:.1f}' if sp else '-'} | "
+        f"{r.cpu_s:.1f} | {r.wall_s:.1f} | {_fmt(r.work_ratio(rate))} | "
+        f"{r.mem_planned_mb:.0f} | {r.mem_measured_mb:.0f} | {_fmt(r.mem_ratio())} | "
+        f"{r.disk_planned_mb:.3g} | {r.disk_measured_mb:.3g} | "
+        f"{'-' if disk is None else f'{disk:.2f}'} |"
+    )
 
 
 def write(cfg: dict[str, Any], bench_dir: Path) -> Path:
