@@ -539,9 +539,11 @@ def _curvature_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
             # the sums, then the eigendecomposition (about 9 n^3 a block with its vectors)
             flops=nm * k_tr * (2 * n_pool * cov + 9 * cov * math.sqrt(cov / max(1, n_blocks))),
             disk_bytes=nm * k_tr * cov * 8,  # the float64 eigenvectors (and eigenvalues)
-            # float64 sums, eigenvectors and LAPACK's workspace, each the size of the blocks
-            # (+ 0.2 GB: the job's LAPACK and gradient-store reader, measured on the rehearsal)
-            mem_bytes=BASE_BYTES + 0.2e9 + 3 * cov * 8,
+            # six float64 arrays the size of the blocks: the sums, the mean and its symmetrized
+            # copy, the eigenvectors and LAPACK's syevd workspace (2 n^2); + 0.2 GB: the job's
+            # LAPACK and gradient-store reader. Measured at D = 15,360 under Slurm: 11.0 GB a
+            # job (three arrays, the earlier count, planned 6.0 GB)
+            mem_bytes=BASE_BYTES + 0.2e9 + 6 * cov * 8,
         )
     ]
     if "ekfac" in cfg["methods"]["enabled"]:
