@@ -390,3 +390,13 @@ def test_every_planned_stage_has_its_artifact_folders() -> None:
         root = Path(cfg["results"]).resolve()
         for fs in folders.values():
             assert all(root in Path(f).resolve().parents for f in fs)
+
+
+def test_an_influence_score_job_holds_the_fisher() -> None:
+    """A score job of an influence method loads the Fisher's float64 eigenvectors (and a copy):
+    at the paper's one 15,360-dim sketch block that is 3.8 GB beside the features."""
+    cfg = config.load([ROOT / "config.yaml", PAPER])
+    with_fisher = next(st for st in plan.plan(cfg) if st.stage == "score").mem_bytes
+    cfg["methods"]["enabled"] = [m for m in cfg["methods"]["enabled"] if "influence" not in m]
+    without = next(st for st in plan.plan(cfg) if st.stage == "score").mem_bytes
+    assert with_fisher - without == 2 * 15_360**2 * 8

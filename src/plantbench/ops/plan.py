@@ -148,6 +148,7 @@ def encoder_size(cfg: dict[str, Any]) -> tuple[int, int]:
 
 GRAD_METHODS = {"grad_dot": 1, "grad_cos": 1, "influence": 1}  # checkpoints they read: final only
 TRACIN_METHODS = ("tracin_dot", "tracin_influence")
+CURVATURE_METHODS = ("influence", "tracin_influence")  # score with the Fisher's eigenvectors
 
 
 @dataclass
@@ -602,6 +603,9 @@ def _score_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
         elif m in TRACIN_METHODS:
             sflops += nm * pairs * 2 * D * k_tr
     k = int(cfg["scoring"]["top_k"])
+    # an influence job also loads the Fisher's float64 eigenvectors and forms a copy of them
+    # (measured at D = 15,360 under Slurm: 4.0 GB a job)
+    fisher = 2 * _fisher_size(cfg, z)[0] * 8 if set(methods) & set(CURVATURE_METHODS) else 0
     return Stage(
         "score",
         nm * len(methods),
@@ -612,7 +616,8 @@ def _score_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
         # the pool's and the queries' features in float32, float64 tiles of scores
         mem_bytes=BASE_BYTES
         + (n_pool + n_queries) * D * 4
-        + 3 * 8 * int(cfg["scoring"]["query_block"]) * int(cfg["scoring"]["pool_block"]),
+        + 3 * 8 * int(cfg["scoring"]["query_block"]) * int(cfg["scoring"]["pool_block"])
+        + fisher,
     )
 
 
