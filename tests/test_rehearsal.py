@@ -160,10 +160,10 @@ def test_the_plan_is_within_2x_of_the_measurement(rehearsal: dict[str, Any]) -> 
 
     bench = rehearsal["root"] / "benchmarks"
     assert (bench / plan_measured.TABLE).is_file()  # written by the Snakefile's onsuccess
-    cfg = rehearsal["cfg"]
-    table = plan_measured.rows(cfg, read_jobs(bench), plan_measured.disk_mb(cfg))
+    cfg, jobs = rehearsal["cfg"], read_jobs(bench)
+    table = plan_measured.rows(cfg, jobs, plan_measured.disk_mb(cfg))
     assert {r.stage for r in table} >= {"pretrain", "grads", "curvature", "ekfac", "score"}
-    assert plan_measured.unmeasured(read_jobs(bench)) == []  # every rule has a plan row
+    assert plan_measured.unmeasured(jobs) == []  # every rule has a plan row
     for r in table:
         assert r.jobs_measured == r.jobs_planned, r.stage
     assert plan_measured.off(table, plan_measured.cpu_rate(table)) == []
