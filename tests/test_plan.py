@@ -138,8 +138,9 @@ def test_plan_against_measurement_reads_benchmark_files(paper: dict, tmp_path: P
     for name, cpu, rss in (
         ("pretrain_A", 1000.0, pre_mb),
         ("pretrain_B", 1000.0, pre_mb),
-        ("hidden_A", 1.0, 10 * stages["hidden"].mem_bytes / 1e6),
+        ("hidden_A", 10.0, 10 * stages["hidden"].mem_bytes / 1e6),
         ("facts", 1.0, 100.0),
+        ("corpus", 0.6, 3.0),  # sampled only as its shell started: shown, not judged
     ):
         (tmp_path / f"{name}.tsv").write_text(head + f"{cpu}\t0\t{rss}\t0\t0\t0\t0\t0\t0\t{cpu}\n")
     text = plan_measured.markdown(paper, tmp_path)
@@ -149,6 +150,9 @@ def test_plan_against_measurement_reads_benchmark_files(paper: dict, tmp_path: P
     pre = next(r for r in table if r.stage == "pretrain")
     assert pre.jobs_measured == 2 and pre.mem_ratio() == pytest.approx(1.0)
     assert "hidden memory x10.00" in plan_measured.off(table, rate)
+    corpus = next(r for r in table if r.stage == "corpus")
+    assert corpus.mem_measured_mb == 3.0 and corpus.mem_ratio() is None
+    assert not any(b.startswith("corpus") for b in plan_measured.off(table, rate))
     assert "| facts (no plan) |" not in text and "| pretrain | 2 / 2 |" in text
     (tmp_path / "bench.tsv").write_text(head + "1.0\t0\t100\t0\t0\t0\t0\t0\t0\t1.0\n")
     assert "| bench (no plan) |" in plan_measured.markdown(paper, tmp_path)
