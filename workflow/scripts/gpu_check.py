@@ -26,12 +26,20 @@ On a CUDA machine (run from the repository root with the package installed)::
 
 Without CUDA it runs a tiny shape on the CPU in fp32 (a smoke test of the script itself; the
 numbers mean nothing). Prints one JSON object and writes it to ``--out`` if given.
+
+6. ``--study DIR``: the smoke config's whole workflow (``tests/smoke/config.yaml``, results in
+   ``DIR``) with ``PLANTBENCH_DEVICE=cuda``, so that every model step must run on the GPU: each
+   model artifact's recorded device (``meta.json``'s ``platform.device``) and the workflow's
+   seconds. This is the check that the steps after pretraining move their twin, inputs and
+   outputs to and from the GPU (on the CPU it runs the same workflow there, in minutes).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -210,6 +218,38 @@ def suite_speed(
     return gen_rate, batch / (time.perf_counter() - t0)
 
 
+def study_devices(results: Path) -> dict[str, str]:
+    """Each artifact's recorded float device (``platform.device`` of every ``meta.json`` under
+    ``results`` that has one), by its folder relative to ``results``."""
+    out = {}
+    for meta in sorted(results.rglob("meta.json")):
+        device = json.loads(meta.read_text()).get("platform", {}).get("device")
+        if device is not None:
+            out[str(meta.parent.relative_to(results))] = device
+    return out
+
+
+def study_on_device(results: Path, cores: int) -> dict[str, Any]:
+    """The smoke workflow into ``results`` with ``PLANTBENCH_DEVICE=cuda`` where torch sees a GPU:
+    its seconds, return code, and the device each model artifact records."""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PLANTBENCH_DEVICE="cuda" if torch.cuda.is_available() else "cpu")
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    cmd = [str(Path(sys.executable).parent / "snakemake"), "--profile", "profiles/local"]
+    cmd += ["--cores", str(cores), "--configfile", "tests/smoke/config.yaml"]
+    cmd += ["--config", f"results={results.resolve()}"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+    devices = study_devices(results)
+    return {
+        "returncode": proc.returncode,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "stderr_tail": proc.stderr[-2000:] if proc.returncode else "",
+        "devices": sorted(set(devices.values())),
+        "artifacts_off_the_gpu": [k for k, v in devices.items() if not v.startswith("cuda")],
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=50)
@@ -224,6 +264,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--gen-tokens", type=int, default=32)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--study", default=None, help="also run the smoke workflow into this folder")
+    ap.add_argument("--cores", type=int, default=8, help="Snakemake's --cores for --study")
     a = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -283,6 +325,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "grounding_responses_per_s": responses,
         "membership_prompts_per_s": hidden,
     }
+    if a.study:
+        res["study"] = study_on_device(Path(a.study), a.cores)
     text = json.dumps(res, indent=2)
     print(text)
     if a.out:

@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from plantbench import artifacts
 from plantbench.errors import ConfigError
 from plantbench.hashing import hash_bytes
+from plantbench.model.modeling import compute_device
 
 
 def resolve_encoder(spec: str) -> Path:
@@ -63,8 +63,7 @@ def encode_texts(
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from sentence_transformers import SentenceTransformer
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    enc = SentenceTransformer(str(folder), device=device, local_files_only=True)
+    enc = SentenceTransformer(str(folder), device=str(compute_device()), local_files_only=True)
     prog = artifacts.Progress(f"embed {what}", len(texts), unit="texts")
     out = []
     for s in range(0, len(texts), chunk):

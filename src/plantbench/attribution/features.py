@@ -76,7 +76,7 @@ from plantbench.data.stream import Stream, open_stream
 from plantbench.errors import ArtifactError, ConfigError
 from plantbench.hashing import hash_bytes
 from plantbench.model import queries
-from plantbench.model.modeling import block_linear_names
+from plantbench.model.modeling import block_linear_names, device_of, to_numpy
 from plantbench.paths import Paths
 
 log = logging.getLogger(__name__)
@@ -413,7 +413,7 @@ def _pool_hidden(h: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Ten
     if pooling == "mean":
         return (h * m[..., None]).sum(1) / m.sum(1, keepdim=True).clamp(min=1)
     last = mask.long().cumsum(1).argmax(1)  # index of the last real token
-    return h[torch.arange(h.shape[0]), last]
+    return h[torch.arange(h.shape[0], device=h.device), last]
 
 
 @torch.no_grad()
@@ -421,10 +421,12 @@ def _hidden_batches(
     net: Any, ids: torch.Tensor, attn: torch.Tensor, pooling: str, bs: int, prog: artifacts.Progress
 ) -> np.ndarray:
     base = net.get_decoder() if hasattr(net, "get_decoder") else net.model
+    dev = device_of(net)
     out = []
     for s in range(0, len(ids), bs):
-        h = base(input_ids=ids[s : s + bs], attention_mask=attn[s : s + bs]).last_hidden_state
-        out.append(_pool_hidden(h.float(), attn[s : s + bs], pooling).numpy())
+        x, m = ids[s : s + bs].to(dev), attn[s : s + bs].to(dev)
+        h = base(input_ids=x, attention_mask=m).last_hidden_state
+        out.append(to_numpy(_pool_hidden(h.float(), m, pooling)))
         prog(min(bs, len(ids) - s))
     return np.concatenate(out).astype(np.float32)
 

@@ -57,7 +57,7 @@ from plantbench.attribution.methods import registry
 from plantbench.attribution.sketch import Sketch
 from plantbench.config import config_hash
 from plantbench.errors import ConfigError
-from plantbench.model.modeling import block_linear_names
+from plantbench.model.modeling import block_linear_names, device_of, to_numpy
 from plantbench.paths import Paths
 from plantbench.rng import rng
 
@@ -153,25 +153,33 @@ def exact_products(
     """Exact float64 gradient products of every query with every window (``[n_w, T]`` token
     ids, loss on every position) over all block linears of ``net``."""
     names = block_linear_names(net)
-    ids, attn, ans = query_batch
+    ids, attn, ans, tokens = _on_device(net, query_batch, windows)
     n_q, n_w = ids.shape[0], windows.shape[0]
     n_params = _n_params(net)
     dot = np.zeros((n_q, n_w), dtype=np.float64)
     q_norm = np.zeros(n_q, dtype=np.float64)
     w_norm = np.zeros(n_w, dtype=np.float64)
-    tokens = torch.as_tensor(windows, dtype=torch.long)
     ones = torch.ones_like(tokens, dtype=torch.bool)
     for c, (qa, qb) in enumerate(layout.query_chunks(n_q, n_params, 8, budget)):
         gq = full_grads(net, names, ids[qa:qb], ans[qa:qb], attn[qa:qb], torch.float64)
-        q_norm[qa:qb] = gq.norm(dim=1).numpy()
+        q_norm[qa:qb] = to_numpy(gq.norm(dim=1))
         for s in range(0, n_w, batch):
             gw = full_grads(net, names, tokens[s : s + batch], ones[s : s + batch], None)
-            dot[qa:qb, s : s + batch] = (gq @ gw.T).numpy()
+            dot[qa:qb, s : s + batch] = to_numpy(gq @ gw.T)
             if c == 0:
-                w_norm[s : s + batch] = gw.norm(dim=1).numpy()
+                w_norm[s : s + batch] = to_numpy(gw.norm(dim=1))
             if progress is not None:
                 progress(gw.shape[0])
     return Exact(dot, q_norm, w_norm)
+
+
+def _on_device(
+    net: torch.nn.Module, query_batch: tuple[torch.Tensor, ...], windows: np.ndarray
+) -> tuple[torch.Tensor, ...]:
+    """The queries' ``(ids, attention, answer mask)`` and the windows' ids on ``net``'s device."""
+    dev = device_of(net)
+    ids, attn, ans = (t.to(dev) for t in query_batch)
+    return ids, attn, ans, torch.as_tensor(windows, dtype=torch.long, device=dev)
 
 
 def projection_sweep(
@@ -190,8 +198,7 @@ def projection_sweep(
     ``sizes`` the LoGra projection ``k x k`` per module and for each ``D`` in ``sketch_sizes``
     the count sketch to ``D`` dims (the study's seed), its per-query Spearman with the exact dot
     over the subset; and the seconds each took (keys ``logra k`` / ``sketch D``)."""
-    ids, attn, ans = query_batch
-    tokens = torch.as_tensor(windows, dtype=torch.long)
+    ids, attn, ans, tokens = _on_device(net, query_batch, windows)
     ones = torch.ones_like(tokens, dtype=torch.bool)
     rows, seconds = [], {}
     runs: list[tuple[str, int]] = [("logra", k) for k in sizes]
@@ -205,7 +212,7 @@ def projection_sweep(
         )
         pw = _projected(net, proj, tokens, ones, None, dtype, batch)
         pq = _projected(net, proj, ids, ans, attn, dtype, batch)
-        rho = spearman_rows(pq.double().numpy() @ pw.double().numpy().T, exact.dot)
+        rho = spearman_rows(to_numpy(pq.double()) @ to_numpy(pw.double()).T, exact.dot)
         kk = None if kind == "sketch" else k
         rows.append(
             {

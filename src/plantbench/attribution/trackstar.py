@@ -38,6 +38,7 @@ from plantbench.attribution.gradients.capture import projected_grads
 from plantbench.config import canonical_json
 from plantbench.errors import ArtifactError
 from plantbench.hashing import hash_bytes, hash_file
+from plantbench.model.modeling import device_of, to_numpy
 from plantbench.paths import Paths
 
 log = logging.getLogger(__name__)
@@ -74,13 +75,21 @@ def corrected(
 ) -> np.ndarray:
     """Projected corrected gradients ``P (g / (sqrt(v) + eps))`` of every row, float64."""
     dtype = torch.float64 if next(net.parameters()).dtype == torch.float64 else torch.float32
-    out = np.zeros((len(ids), proj.dims))
+    out, dev = np.zeros((len(ids), proj.dims)), device_of(net)
     for a in range(0, len(ids), batch):
-        x = torch.as_tensor(np.asarray(ids[a : a + batch]), dtype=torch.long)
-        lm = torch.ones_like(x, dtype=torch.bool) if loss_mask is None else loss_mask[a : a + batch]
-        am = None if attention_mask is None else torch.as_tensor(attention_mask[a : a + batch])
-        g = projected_grads(net, proj, x, torch.as_tensor(lm).bool(), am, dtype, scales=scales)
-        out[a : a + batch] = g.double().numpy()
+        x = torch.as_tensor(np.asarray(ids[a : a + batch]), dtype=torch.long, device=dev)
+        lm = (
+            torch.ones_like(x, dtype=torch.bool)
+            if loss_mask is None
+            else torch.as_tensor(loss_mask[a : a + batch], device=dev).bool()
+        )
+        am = (
+            None
+            if attention_mask is None
+            else torch.as_tensor(attention_mask[a : a + batch], device=dev)
+        )
+        g = projected_grads(net, proj, x, lm, am, dtype, scales=scales)
+        out[a : a + batch] = to_numpy(g.double())
     return out
 
 

@@ -1,10 +1,13 @@
-"""The Llama-style model both twins share (transformers' LlamaForCausalLM)."""
+"""The Llama-style model both twins share (transformers' LlamaForCausalLM), and the device every
+step runs it on (:func:`compute_device`)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from plantbench.errors import ArtifactError, ConfigError
@@ -56,6 +59,36 @@ def model_rows(model_cfg: dict[str, Any], vocab_size: int) -> int:
     return rows
 
 
+DEVICE_ENV = "PLANTBENCH_DEVICE"  # 'cpu' keeps a GPU job's model on the CPU; 'cuda' demands a GPU
+
+
+def compute_device() -> torch.device:
+    """Where a step runs its model: the job's GPU when it has one (Slurm's ``--gpus`` makes it the
+    first visible device), else the CPU. ``PLANTBENCH_DEVICE=cpu`` forces the CPU,
+    ``PLANTBENCH_DEVICE=cuda`` refuses to run without a GPU (no silent CPU fallback on a GPU
+    partition)."""
+    want = os.environ.get(DEVICE_ENV, "auto").strip().lower() or "auto"
+    if want not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"{DEVICE_ENV}={want!r}: expected auto, cpu or cuda")
+    if want == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if want == "cuda":
+        raise ConfigError(f"{DEVICE_ENV}=cuda but torch sees no GPU (CUDA_VISIBLE_DEVICES, driver)")
+    return torch.device("cpu")
+
+
+def device_of(model: torch.nn.Module) -> torch.device:
+    """The device a model's weights are on (where its inputs must go)."""
+    return next(model.parameters()).device
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A tensor's values as a numpy array, from any device (a no-op copy-free view on the CPU)."""
+    return t.detach().cpu().numpy()
+
+
 def build_model(config: LlamaConfig, seed: int) -> LlamaForCausalLM:
     """A freshly initialised model; the same seed gives the same weights on any machine."""
     from transformers import LlamaForCausalLM
@@ -67,9 +100,14 @@ def build_model(config: LlamaConfig, seed: int) -> LlamaForCausalLM:
 
 
 def load_model(
-    path: str | Path, *, attn: str = "sdpa", dtype: torch.dtype = torch.float32
+    path: str | Path,
+    *,
+    attn: str = "sdpa",
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
 ) -> LlamaForCausalLM:
-    """Load a checkpoint folder saved with ``save_pretrained``."""
+    """Load a checkpoint folder saved with ``save_pretrained``, in eval mode, onto ``device``
+    (default :func:`compute_device`: the job's GPU when it has one)."""
     from transformers import LlamaForCausalLM
 
     path = Path(path)
@@ -78,6 +116,7 @@ def load_model(
             f"checkpoint '{path}' is missing or incomplete; rerun the pretrain step"
         )
     model = LlamaForCausalLM.from_pretrained(path, attn_implementation=attn, dtype=dtype)
+    model.to(compute_device() if device is None else torch.device(device))
     model.eval()
     return model
 

@@ -66,7 +66,7 @@ from plantbench.data.stream import Stream, open_stream
 from plantbench.errors import EXIT_PREEMPTED, ArtifactError, Preempted
 from plantbench.hashing import hash_bytes, hash_tree
 from plantbench.model import modelcard
-from plantbench.model.modeling import build_model, llama_config
+from plantbench.model.modeling import build_model, compute_device, llama_config
 from plantbench.paths import MODELS, Paths
 from plantbench.rng import derive_seed
 
@@ -115,10 +115,6 @@ def lr_at(step: int, cfg_train: dict[str, Any]) -> float:
     return float(cfg_train["lr"]) * lr_factor(step, cfg_train)
 
 
-def _device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-
-
 @dataclass(frozen=True)
 class DistInfo:
     """This process's place in a data-parallel run (world 1: a plain single-process run)."""
@@ -137,11 +133,11 @@ def init_distributed() -> DistInfo:
     1): NCCL and one GPU per local rank on CUDA, gloo on the CPU. Otherwise a world of one."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
-        return DistInfo(0, 1, _device())
+        return DistInfo(0, 1, compute_device())
     import torch.distributed as dist
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
+    if compute_device().type == "cuda":
         torch.cuda.set_device(local)
         device, backend = torch.device("cuda", local), "nccl"
     else:

@@ -29,6 +29,7 @@ import torch
 from plantbench import io
 from plantbench.errors import ArtifactError
 from plantbench.hashing import hash_file
+from plantbench.model.modeling import to_numpy
 
 FILE = "factors.npz"
 STATE = "factors.json"
@@ -53,8 +54,9 @@ class FactorSums:
 
     def tap(self, name: str, kind: str, t: torch.Tensor) -> None:
         """The capture's ``tap``: one batch's inputs (``"in"``) or output gradients (``"out"``)."""
-        side = self.a if kind == "in" else self.s
-        side[name] = side.get(name, 0) + gram(t)
+        side, g = (self.a if kind == "in" else self.s), gram(t)
+        prev = side.get(name)  # restored sums are on the CPU: they join the pass's device
+        side[name] = g if prev is None else prev.to(g.device) + g
 
     def batch_done(self, n_rows: int, n_tokens: int) -> None:
         self.rows += n_rows
@@ -73,8 +75,8 @@ class FactorSums:
     # ------------------------------------------------------------------ files
 
     def _arrays(self) -> dict[str, np.ndarray]:
-        out = {f"a/{n}": self.a[n].numpy() for n in self.names if n in self.a}
-        out.update({f"s/{n}": self.s[n].numpy() for n in self.names if n in self.s})
+        out = {f"a/{n}": to_numpy(self.a[n]) for n in self.names if n in self.a}
+        out.update({f"s/{n}": to_numpy(self.s[n]) for n in self.names if n in self.s})
         return out
 
     def save(self, folder: Path) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from plantbench import artifacts, layout
 from plantbench.attribution.ekfac.factors import FactorSums
 from plantbench.attribution.gradients.capture import module_io
 from plantbench.errors import ArtifactError
-from plantbench.model.modeling import block_linear_names
+from plantbench.model.modeling import block_linear_names, device_of, to_numpy
 
 Progress = Callable[[int], None] | None
 
@@ -23,9 +23,12 @@ Progress = Callable[[int], None] | None
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
-def window_batches(windows: np.ndarray, batch: int) -> Iterator[Batch]:
-    """``(ids, loss mask, attention mask)`` batches of pool windows (loss on every position)."""
-    tokens = torch.as_tensor(np.asarray(windows), dtype=torch.long)
+def window_batches(
+    windows: np.ndarray, batch: int, device: torch.device | None = None
+) -> Iterator[Batch]:
+    """``(ids, loss mask, attention mask)`` batches of pool windows (loss on every position), on
+    ``device`` (the model's; default the CPU)."""
+    tokens = torch.as_tensor(np.asarray(windows), dtype=torch.long, device=device)
     for s in range(0, tokens.shape[0], batch):
         ids = tokens[s : s + batch]
         yield ids, torch.ones_like(ids, dtype=torch.bool), None
@@ -130,10 +133,11 @@ def corrected_eigenvalues(
     progress: Progress = None,
 ) -> tuple[dict[str, torch.Tensor], int]:
     """``E_windows[(Q_S^T G Q_A)^2]`` per module (float64) and the window count."""
-    total: dict[str, torch.Tensor] = {n: torch.zeros(()) for n in names}
+    dev = device_of(net)
+    total: dict[str, torch.Tensor] = {n: torch.zeros((), device=dev) for n in names}
     count = 0
-    qi = {n: q_in[n].to(dtype) for n in names}
-    qo = {n: q_out[n].to(dtype) for n in names}
+    qi = {n: q_in[n].to(dev, dtype) for n in names}
+    qo = {n: q_out[n].to(dev, dtype) for n in names}
     for ids, mask, attn in batches:
         xs, ds = module_io(net, names, ids, mask, attn, dtype)
         for name in names:  # Q_S^T G Q_A = sum_t (Q_S^T delta_t)(Q_A^T x_t)^T: rotate tokens
@@ -160,21 +164,21 @@ def fit(
     ``progress(pass name)`` makes each pass's progress callback when the pass starts.
     ``factors``: the Kronecker factor sums of these windows already made by another pass (the
     final checkpoint's ``grads_pool``); without them EK-FAC runs its own first pass."""
-    names = block_linear_names(net)
+    names, dev = block_linear_names(net), device_of(net)
     if factors is None:
         factors = kronecker_factors(
-            net, names, window_batches(windows, batch), dtype, progress("factors")
+            net, names, window_batches(windows, batch, dev), dtype, progress("factors")
         )
     elif factors.names != names or factors.rows != len(windows):
         raise ArtifactError(
             f"EK-FAC: the factor sums cover {factors.rows} windows of modules {factors.names[:2]}..., "
             f"not the {len(windows)} fit windows of this model; rerun its grads_pool jobs"
         )
-    a, s = factors.means()
-    q_in = {n: eigenbasis(a[n]) for n in names}
-    q_out = {n: eigenbasis(s[n]) for n in names}
+    a, s = factors.means()  # on the CPU when they come from the grads_pool shards
+    q_in = {n: eigenbasis(a[n].to(dev)) for n in names}
+    q_out = {n: eigenbasis(s[n].to(dev)) for n in names}
     lam, count = corrected_eigenvalues(
-        net, names, q_in, q_out, window_batches(windows, batch), dtype, progress("eigenvalues")
+        net, names, q_in, q_out, window_batches(windows, batch, dev), dtype, progress("eigenvalues")
     )
     damping = {}
     for n in names:
@@ -215,12 +219,12 @@ def scores(
     for ids, mask, attn in batches:
         xs, ds = module_io(net, names, ids, mask, attn, dtype)
         n = ids.shape[0]
-        tile = torch.zeros((n_q, n), dtype=torch.float64)
+        tile = torch.zeros((n_q, n), dtype=torch.float64, device=ids.device)
         for name in names:
             if name in ds:
                 g = _grads(ds, xs, name).reshape(n, -1)
                 tile += (pre[name] @ g.T).double()
-        out[:, start : start + n] = tile.numpy()
+        out[:, start : start + n] = to_numpy(tile)
         start += n
         if progress is not None:
             progress(n)
@@ -238,7 +242,8 @@ def chunked_scores(
     what: str = "ekfac",
 ) -> np.ndarray:
     """Every query's scores against every window, the queries in :func:`plantbench.layout.ekfac_query_chunks`."""
-    ids, mask, attn = queries_batch
+    dev = device_of(net)
+    ids, mask, attn = (None if t is None else t.to(dev) for t in queries_batch)
     n_params = sum(int(v.numel()) for v in ek.lam.values())
     chunks = layout.ekfac_query_chunks(ids.shape[0], n_params, budget)
     out = np.zeros((ids.shape[0], len(windows)), dtype=np.float64)
@@ -246,5 +251,6 @@ def chunked_scores(
         part = (ids[a:b], mask[a:b], None if attn is None else attn[a:b])
         pre = preconditioned_queries(net, ek, part)
         prog = artifacts.Progress(f"{what} scores (queries {c + 1}/{len(chunks)})", len(windows))
-        out[a:b] = scores(net, pre, window_batches(windows, batch), len(windows), progress=prog)
+        batches = window_batches(windows, batch, dev)
+        out[a:b] = scores(net, pre, batches, len(windows), progress=prog)
     return out

@@ -84,7 +84,7 @@ def example_losses(
     ce = F.cross_entropy(
         logits[:, :-1].reshape(-1, v), input_ids[:, 1:].reshape(-1), reduction="none"
     ).view(n, t - 1)
-    return torch.where(mask, ce, torch.zeros((), dtype=ce.dtype)).sum(1)
+    return torch.where(mask, ce, torch.zeros((), dtype=ce.dtype, device=ce.device)).sum(1)
 
 
 def check_inputs(model, input_ids, loss_mask, attention_mask, require_eager: bool) -> None:

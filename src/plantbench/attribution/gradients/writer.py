@@ -17,6 +17,7 @@ import torch
 from plantbench.errors import ArtifactError, PlantbenchError
 from plantbench.hashing import hash_file
 from plantbench.io import fsync_dir, write_json
+from plantbench.model.modeling import device_of
 
 if TYPE_CHECKING:
     from plantbench.attribution.sketch import Sketch
@@ -239,14 +240,20 @@ def _batch(
     attention_mask: np.ndarray | None,
     a: int,
     b: int,
+    device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    ids = torch.as_tensor(np.asarray(windows[a:b]), dtype=torch.long)
+    """Rows ``[a, b)`` as tensors on the model's ``device``."""
+    ids = torch.as_tensor(np.asarray(windows[a:b]), dtype=torch.long, device=device)
     lm = (
         torch.ones_like(ids, dtype=torch.bool)
         if loss_mask is None
-        else torch.as_tensor(np.asarray(loss_mask[a:b]), dtype=torch.bool)
+        else torch.as_tensor(np.asarray(loss_mask[a:b]), dtype=torch.bool, device=device)
     )
-    am = None if attention_mask is None else torch.as_tensor(np.asarray(attention_mask[a:b]))
+    am = (
+        None
+        if attention_mask is None
+        else torch.as_tensor(np.asarray(attention_mask[a:b]), device=device)
+    )
     return ids, lm, am
 
 
@@ -276,8 +283,10 @@ def extract_to_shard(
     dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
     tap = None if factors is None or writer.complete else factors.tap
 
+    device = device_of(model)
+
     def run(a: int, b: int) -> torch.Tensor:
-        ids, lm, am = _batch(windows, loss_mask, attention_mask, a, b)
+        ids, lm, am = _batch(windows, loss_mask, attention_mask, a, b, device)
         g = projected_grads(model, projector, ids, lm, am, dtype=dtype, tap=tap)
         if factors is not None:
             factors.batch_done(b - a, ids.numel())

@@ -135,8 +135,11 @@ def nli_scorer(folder: str | Path | None, batch: int = 32) -> Scorer:
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from plantbench.model.modeling import compute_device, to_numpy
+
+    dev = compute_device()
     model = AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True)
-    model.eval()
+    model.to(dev).eval()
     label = entailment_label(model.config.id2label, folder)
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
 
@@ -150,9 +153,9 @@ def nli_scorer(folder: str | Path | None, batch: int = 32) -> Scorer:
                 padding=True,
                 truncation=True,
                 return_tensors="pt",
-            )
+            ).to(dev)
             probs = torch.softmax(model(**enc).logits.float(), dim=-1)[:, label]
-            out.append(probs.double().numpy())
+            out.append(to_numpy(probs.double()))
         return np.concatenate(out) if out else np.zeros(0)
 
     return score

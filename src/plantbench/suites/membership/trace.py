@@ -56,7 +56,8 @@ def last_states(model: Any, prompts: Sequence[list[int]]) -> np.ndarray:
     ids, attn, lens = _padded(prompts)
     out = model(input_ids=ids.to(device), attention_mask=attn.to(device), output_hidden_states=True)
     h = torch.stack(out.hidden_states, dim=1)  # [n, L + 1, T, d]
-    return h[torch.arange(len(prompts)), :, lens - 1].double().cpu().numpy()
+    rows = torch.arange(len(prompts), device=h.device)
+    return h[rows, :, (lens - 1).to(h.device)].double().cpu().numpy()
 
 
 @torch.no_grad()
