@@ -93,3 +93,21 @@ def test_threads_refused_where_unused(capsys: pytest.CaptureFixture[str]) -> Non
     assert "--threads" in capsys.readouterr().err
     args = cli.build_parser().parse_args(["score", "--method", "bm25", "--model", "A"])
     assert args.threads is None
+
+
+def test_a_step_ends_its_log_with_its_peak_memory(tmp_path: Path) -> None:
+    """A step's own process (stderr a log, not a terminal) ends with its exact peak memory, which
+    ``plantbench plan --measured`` reads back (plantbench.process)."""
+    import subprocess
+    import sys
+
+    from plantbench import process
+
+    log = tmp_path / "plan.log"
+    with open(log, "w") as err:
+        cmd = [sys.executable, "-m", "plantbench", "plan", "-c", str(ROOT / "config.yaml")]
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+    assert proc.returncode == 0
+    assert log.read_text().splitlines()[-1].startswith(process.PEAK_LINE)
+    peak = process.logged_peak_mb(log)
+    assert peak is not None and peak > 1.0

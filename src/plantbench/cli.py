@@ -820,6 +820,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # disk full, permission denied, ...: no traceback, no partial file
         print(f"plantbench: error: {describe_os_error(exc, args.command)}", file=sys.stderr)
         return 2
+    if argv is None and not sys.stderr.isatty():  # a step's log: its exact peak memory, last
+        from plantbench.process import report_peak
+
+        report_peak(sys.stderr)
     return 0
 
 

@@ -2,7 +2,8 @@
 
 For every stage of :func:`plantbench.ops.plan.plan`, the jobs of that stage in the run (their
 benchmark files, grouped by rule as :mod:`plantbench.ops.timeline` groups them), their CPU
-seconds and the largest peak resident memory (``max_rss``) next to the plan's FLOPs and
+seconds and the largest peak resident memory (each job's exact peak from its log, else the
+benchmark's sampled ``max_rss``) next to the plan's FLOPs and
 per-job memory. The plan's FLOPs become seconds at one CPU FLOP rate, calibrated on the run
 itself: the pretrain stage's FLOPs over its CPU seconds (pure matrix multiplies at the run's
 shapes and precision); stages without FLOPs (facts, corpus, tokenizer, stream, pool, the suites'
@@ -26,9 +27,11 @@ from plantbench.paths import MODELS, Paths
 TABLE = "plan_vs_measured.md"
 TOLERANCE = 2.0  # measured within [plan / 2, plan x 2]
 DISK_MIN_MB = 10.0  # disk ratios only for stages planned at least this large (the rest: metas)
-# Snakemake's benchmark samples a job's memory at its start and every 0.5 s after: a job shorter
-# than this may be sampled only while its shell starts the CLI (a CI run measured the corpus
-# job, 0.6 s, at 3 MB of a 143 MB peak). Its max_rss is luck, so it is shown but not judged.
+# Snakemake's benchmark samples a job's memory at its start and every 0.5 s after (every 30 s
+# after 15 s): a job shorter than this may be sampled only while its shell starts the CLI (a CI
+# run measured the corpus job, 0.6 s, at 3 MB of a 143 MB peak). A job whose log reports its
+# exact peak (plantbench.process.report_peak) is judged on that; one without, shorter than this,
+# is shown but not judged.
 MEM_MIN_S = 2.0
 # a torch job's fixed CPU seconds (interpreter, torch and transformers imports, reading its
 # inputs, writing its meta) beside its FLOPs: measured on the rehearsal's curvature and score jobs
@@ -88,7 +91,7 @@ class Row:
     wall_s: float  # measured job seconds, all jobs
     mem_planned_mb: float  # per job
     mem_measured_mb: float  # largest job's max_rss
-    mem_sampled: bool = True  # a job ran at least MEM_MIN_S (memory judged only then)
+    mem_sampled: bool = True  # a job logged its peak or ran MEM_MIN_S (judged only then)
     disk_planned_mb: float = 0.0  # the stage's artifacts, all jobs
     disk_measured_mb: float = 0.0  # their folders' size on disk (0: not measured)
 
@@ -118,9 +121,9 @@ class Row:
 
 
 def _peak_mb(jobs: list[Job]) -> tuple[float, bool]:
-    """The largest ``max_rss`` of the jobs long enough to be sampled (all jobs' when none is),
-    and whether any was."""
-    long = [j for j in jobs if j.wall >= MEM_MIN_S]
+    """The largest peak of the jobs whose peak is known (logged, or long enough to be sampled;
+    all jobs' when none is), and whether any was."""
+    long = [j for j in jobs if j.rss_logged or j.wall >= MEM_MIN_S]
     return max(j.rss_mb for j in long or jobs), bool(long)
 
 
@@ -241,9 +244,9 @@ def markdown(cfg: dict[str, Any], bench_dir: Path) -> str:
         "",
         f"Plan: `plantbench plan` for this run's config; run: the {len(jobs)} benchmark files "
         f"here. CPU FLOP rate {rate / 1e9:.1f} GFLOP/s per CPU second (the pretrain stage's "
-        "FLOPs over its CPU seconds). Peak MB: the largest job's `max_rss` (every process of "
-        f"the job; jobs under {MEM_MIN_S:g} s, which Snakemake's benchmark may sample only at "
-        "their start, count only when the stage has no longer one, and then are not judged). Disk: the stage's artifact folders, all jobs (ratios where the plan gives "
+        "FLOPs over its CPU seconds). Peak MB: the largest job's peak memory (the exact peak its "
+        "log reports, else its benchmark's sampled `max_rss`; sampled jobs under "
+        f"{MEM_MIN_S:g} s count only when the stage has no other, and are then not judged). Disk: the stage's artifact folders, all jobs (ratios where the plan gives "
         f"at least {DISK_MIN_MB:g} MB). Work and memory ratios outside [1/{TOLERANCE:g}, "
         f"{TOLERANCE:g}] are marked **off**.",
         "",

@@ -2,7 +2,9 @@
 
 Reads the ``benchmark:`` files of a run (``{results}/benchmarks/*.tsv``, one per job, written
 by Snakemake when the job ends): the job's wall seconds ``s``, CPU seconds ``cpu_time`` and peak
-memory ``max_rss``; the file's modification time is the job's end, ``end - s`` its start. Writes
+memory ``max_rss`` (sampled: where the job's log ends with its exact peak,
+:func:`plantbench.process.logged_peak_mb`, the larger of the two); the file's modification time
+is the job's end, ``end - s`` its start. Writes
 into the same folder, after every run (the Snakefile's ``onsuccess``) or on demand:
 
 - ``timeline.png``: one bar per job from its start to its end, coloured by stage, so the
@@ -25,6 +27,7 @@ import pandas as pd
 
 from plantbench import io
 from plantbench.markdown import markdown_table, plt, save_figure
+from plantbench.process import logged_peak_mb
 
 TABLE = "stages.md"
 FIGURE = "timeline.png"
@@ -39,7 +42,8 @@ class Job:
     start: float  # seconds since the epoch
     wall: float
     cpu: float
-    rss_mb: float
+    rss_mb: float  # the benchmark's sampled max_rss, or the step's logged exact peak if larger
+    rss_logged: bool = False  # the step's log reports its exact peak (plantbench.process)
 
     @property
     def end(self) -> float:
@@ -59,8 +63,11 @@ def _number(frame: pd.DataFrame, column: str) -> float:
     return float(value.sum())
 
 
-def read_jobs(bench_dir: Path) -> list[Job]:
-    """Every job of the run whose benchmark file reads (others are skipped), by start time."""
+def read_jobs(bench_dir: Path, logs_dir: Path | None = None) -> list[Job]:
+    """Every job of the run whose benchmark file reads (others are skipped), by start time;
+    each job's peak memory from its log in ``logs_dir`` (default: ``logs`` beside
+    ``bench_dir``, the results folder's) where the log reports one."""
+    logs = Path(bench_dir).parent / "logs" if logs_dir is None else Path(logs_dir)
     jobs = []
     for f in sorted(Path(bench_dir).glob("*.tsv")):
         try:
@@ -71,6 +78,8 @@ def read_jobs(bench_dir: Path) -> list[Job]:
             continue
         wall = _number(frame, "s")
         end = f.stat().st_mtime
+        sampled = float(pd.to_numeric(frame.get("max_rss", 0), errors="coerce").max() or 0.0)
+        logged = logged_peak_mb(logs / f"{f.stem}.log")
         jobs.append(
             Job(
                 f.stem,
@@ -78,7 +87,8 @@ def read_jobs(bench_dir: Path) -> list[Job]:
                 end - wall,
                 wall,
                 _number(frame, "cpu_time"),
-                float(pd.to_numeric(frame.get("max_rss", 0), errors="coerce").max() or 0.0),
+                max(sampled, logged or 0.0),
+                logged is not None,
             )
         )
     return sorted(jobs, key=lambda j: (j.start, j.name))
