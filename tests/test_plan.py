@@ -147,12 +147,13 @@ def test_plan_against_measurement_reads_benchmark_files(paper: dict, tmp_path: P
     table = plan_measured.rows(paper, plan_measured.read_jobs(tmp_path))
     rate = plan_measured.cpu_rate(table)
     assert rate == stages["pretrain"].flops / 2000.0
+    stage_rates = plan_measured.rates(paper, table)
     pre = next(r for r in table if r.stage == "pretrain")
     assert pre.jobs_measured == 2 and pre.mem_ratio() == pytest.approx(1.0)
-    assert "hidden memory x10.00" in plan_measured.off(table, rate)
+    assert "hidden memory x10.00" in plan_measured.off(table, stage_rates)
     corpus = next(r for r in table if r.stage == "corpus")
     assert corpus.mem_measured_mb == 3.0 and corpus.mem_ratio() is None
-    assert not any(b.startswith("corpus") for b in plan_measured.off(table, rate))
+    assert not any(b.startswith("corpus") for b in plan_measured.off(table, stage_rates))
     assert "| facts (no plan) |" not in text and "| pretrain | 2 / 2 |" in text
     (tmp_path / "bench.tsv").write_text(head + "1.0\t0\t100\t0\t0\t0\t0\t0\t0\t1.0\n")
     assert "| bench (no plan) |" in plan_measured.markdown(paper, tmp_path)
@@ -443,3 +444,24 @@ def test_report_peak_writes_what_logged_peak_reads(tmp_path: Path) -> None:
     mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     assert got is not None and 0 <= mine - got + 0.05 < 64  # rounded to 0.1 MB; may grow since
     assert process.logged_peak_mb(tmp_path / "absent.log") is None
+
+
+def test_float32_stages_of_a_bf16_run_are_planned_at_the_gradients_rate(
+    paper: dict, tmp_path: Path
+) -> None:
+    """bf16 training (the paper preset) calibrates the training stages; the float32 rest runs at
+    the pool gradients' rate. A float32 run plans every stage at the pretrain stage's rate."""
+    from plantbench.ops import plan_measured
+
+    stages = {st.stage: st for st in plan.plan(paper)}
+    head = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+    for name, cpu in (("pretrain_A", 100.0), ("grads_pool_A_step_0000003_0000", 300.0)):
+        (tmp_path / f"{name}.tsv").write_text(head + f"{cpu}\t0\t1\t0\t0\t0\t0\t0\t0\t{cpu}\n")
+    (tmp_path / "hidden_A.tsv").write_text(head + "5.0\t0\t1\t0\t0\t0\t0\t0\t0\t5.0\n")
+    table = plan_measured.rows(paper, plan_measured.read_jobs(tmp_path))
+    bf16 = plan_measured.rates(paper, table)
+    assert bf16["pretrain"] == stages["pretrain"].flops / 100.0
+    assert bf16["grads"] == bf16["hidden"] == stages["grads"].flops / 300.0
+    fp32 = plan_measured.rates(_with(paper, "train", precision="fp32"), table)
+    assert fp32["grads"] == fp32["hidden"] == fp32["pretrain"] == bf16["pretrain"]
+    assert "the grads stage's" in plan_measured.markdown(paper, tmp_path)

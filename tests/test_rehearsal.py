@@ -166,7 +166,7 @@ def test_the_plan_is_within_2x_of_the_measurement(rehearsal: dict[str, Any]) -> 
     assert plan_measured.unmeasured(jobs) == []  # every rule has a plan row
     for r in table:
         assert r.jobs_measured == r.jobs_planned, r.stage
-    assert plan_measured.off(table, plan_measured.cpu_rate(table)) == []
+    assert plan_measured.off(table, plan_measured.rates(cfg, table)) == []
     disk = {r.stage: r.disk_ratio() for r in table if r.disk_ratio() is not None}
     assert set(disk) >= {"pretrain", "grads", "curvature"}  # the stages whose disk scales
     assert all(0.5 <= x <= 2 for x in disk.values()), disk

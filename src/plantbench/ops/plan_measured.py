@@ -4,9 +4,12 @@ For every stage of :func:`plantbench.ops.plan.plan`, the jobs of that stage in t
 benchmark files, grouped by rule as :mod:`plantbench.ops.timeline` groups them), their CPU
 seconds and the largest peak resident memory (each job's exact peak from its log, else the
 benchmark's sampled ``max_rss``) next to the plan's FLOPs and
-per-job memory. The plan's FLOPs become seconds at one CPU FLOP rate, calibrated on the run
-itself: the pretrain stage's FLOPs over its CPU seconds (pure matrix multiplies at the run's
-shapes and precision); stages without FLOPs (facts, corpus, tokenizer, stream, pool, the suites'
+per-job memory. The plan's FLOPs become seconds at a CPU FLOP rate calibrated on the run
+itself (:func:`rates`): the pretrain stage's FLOPs over its CPU seconds (pure matrix multiplies
+at the run's shapes and training precision) for the training stages, and for the others, which
+run in float32, the same rate when training is float32 but the pool gradients' rate when it is
+bf16 (bf16 autocast on a CPU runs oneDNN's bf16 kernels, AMX where the CPU has it: measured
+83-110 GFLOP/s there against 66-67 for float32 on one Intel Xeon); stages without FLOPs (facts, corpus, tokenizer, stream, pool, the suites'
 table steps, analysis) get no time prediction; each job of a stage with FLOPs adds
 ``JOB_CPU_S`` of fixed cost (imports, inputs, meta), which dominates only at tiny counts. Ratios
 are measured / planned; the table flags any outside [1/2, 2]. Written as
@@ -33,6 +36,8 @@ DISK_MIN_MB = 10.0  # disk ratios only for stages planned at least this large (t
 # exact peak (plantbench.process.report_peak) is judged on that; one without, shorter than this,
 # is shown but not judged.
 MEM_MIN_S = 2.0
+TRAIN_STAGES = ("pretrain_prefix", "pretrain")  # planned at the training precision's rate
+FP32_ANCHOR = "grads"  # float32 stages' rate when training is bf16: the pool gradients' pass
 # a torch job's fixed CPU seconds (interpreter, torch and transformers imports, reading its
 # inputs, writing its meta) beside its FLOPs: measured on the rehearsal's curvature and score jobs
 JOB_CPU_S = 2.5
@@ -201,10 +206,24 @@ def disk_mb(cfg: dict[str, Any]) -> dict[str, float]:
     return {st: sum(_size(f) for f in fs) / 1e6 for st, fs in artifact_folders(cfg).items()}
 
 
+def _rate_of(table: list[Row], stage: str) -> float:
+    row = next((r for r in table if r.stage == stage), None)
+    return row.flops / row.cpu_s if row is not None and row.cpu_s > 0 else 0.0
+
+
 def cpu_rate(table: list[Row]) -> float:
     """FLOP/s of one CPU second, from the pretrain stage (0 when it did not run)."""
-    pre = next((r for r in table if r.stage == "pretrain"), None)
-    return pre.flops / pre.cpu_s if pre is not None and pre.cpu_s > 0 else 0.0
+    return _rate_of(table, "pretrain")
+
+
+def rates(cfg: dict[str, Any], table: list[Row]) -> dict[str, float]:
+    """The CPU FLOP rate each stage is planned at: :func:`cpu_rate` for the training stages
+    (:data:`TRAIN_STAGES`); for the float32 rest the same when training is float32, else the
+    :data:`FP32_ANCHOR` stage's own rate (its work ratio then near 1 by construction)."""
+    train = cpu_rate(table)
+    bf16 = str(cfg.get("train", {}).get("precision", "auto")) == "bf16"
+    fp32 = (_rate_of(table, FP32_ANCHOR) or train) if bf16 else train
+    return {r.stage: train if r.stage in TRAIN_STAGES else fp32 for r in table}
 
 
 def unmeasured(jobs: list[Job]) -> list[str]:
@@ -212,11 +231,13 @@ def unmeasured(jobs: list[Job]) -> list[str]:
     return sorted({j.stage for j in jobs if j.stage not in STAGE_OF_RULE})
 
 
-def off(table: list[Row], rate: float) -> list[str]:
-    """Stages whose work or memory is off the plan by more than :data:`TOLERANCE`."""
+def off(table: list[Row], stage_rates: dict[str, float]) -> list[str]:
+    """Stages whose work (at :func:`rates`) or memory is off the plan by more than
+    :data:`TOLERANCE`."""
     bad = []
     for r in table:
-        for what, ratio in (("work", r.work_ratio(rate)), ("memory", r.mem_ratio())):
+        work = r.work_ratio(stage_rates.get(r.stage, 0.0))
+        for what, ratio in (("work", work), ("memory", r.mem_ratio())):
             if ratio is not None and not 1 / TOLERANCE <= ratio <= TOLERANCE:
                 bad.append(f"{r.stage} {what} x{ratio:.2f}")
     return bad
@@ -233,7 +254,7 @@ def markdown(cfg: dict[str, Any], bench_dir: Path) -> str:
     jobs = read_jobs(Path(bench_dir))
     # the artifacts beside the benchmarks folder (the run's results folder)
     table = rows(cfg, jobs, disk_mb({**cfg, "results": str(Path(bench_dir).resolve().parent)}))
-    rate = cpu_rate(table)
+    stage_rates = rates(cfg, table)
     head = (
         "| stage | jobs (plan / run) | FLOPs (plan) | CPU s (plan) | CPU s (run) | job s (run) "
         "| work run/plan | mem/job MB (plan) | peak MB (run) | mem run/plan "
@@ -243,8 +264,7 @@ def markdown(cfg: dict[str, Any], bench_dir: Path) -> str:
         "# The plan against the measurement",
         "",
         f"Plan: `plantbench plan` for this run's config; run: the {len(jobs)} benchmark files "
-        f"here. CPU FLOP rate {rate / 1e9:.1f} GFLOP/s per CPU second (the pretrain stage's "
-        "FLOPs over its CPU seconds). Peak MB: the largest job's peak memory (the exact peak its "
+        f"here. {_rate_text(table, stage_rates)} Peak MB: the largest job's peak memory (the exact peak its "
         "log reports, else its benchmark's sampled `max_rss`; sampled jobs under "
         f"{MEM_MIN_S:g} s count only when the stage has no other, and are then not judged). Disk: the stage's artifact folders, all jobs (ratios where the plan gives "
         f"at least {DISK_MIN_MB:g} MB). Work and memory ratios outside [1/{TOLERANCE:g}, "
@@ -253,7 +273,7 @@ def markdown(cfg: dict[str, Any], bench_dir: Path) -> str:
         head,
         "|" + "---|" * 13,
     ]
-    lines += [_line(r, rate) for r in table]
+    lines += [_line(r, stage_rates.get(r.stage, 0.0)) for r in table]
     for rule in unmeasured(jobs):  # measured, not planned: a row each, the plan's columns empty
         mine = [j for j in jobs if j.stage == rule]
         lines.append(
@@ -261,9 +281,21 @@ def markdown(cfg: dict[str, Any], bench_dir: Path) -> str:
             f"{sum(j.wall for j in mine):.1f} | - | - | {max(j.rss_mb for j in mine):.0f} | - "
             "| - | - | - |"
         )
-    bad = off(table, rate)
+    bad = off(table, stage_rates)
     lines += ["", "Off by more than 2x: " + (", ".join(bad) if bad else "none") + "."]
     return "\n".join(lines) + "\n"
+
+
+def _rate_text(table: list[Row], stage_rates: dict[str, float]) -> str:
+    train = cpu_rate(table)
+    text = f"CPU FLOP rate {train / 1e9:.1f} GFLOP/s per CPU second (the pretrain stage's FLOPs "
+    fp32 = next((v for k, v in stage_rates.items() if k not in TRAIN_STAGES), train)
+    if fp32 == train:
+        return text + "over its CPU seconds)."
+    return text + (
+        f"over its CPU seconds, bf16) for the training stages and {fp32 / 1e9:.1f} for the "
+        f"float32 rest (the {FP32_ANCHOR} stage's)."
+    )
 
 
 def _line(r: Row, rate: float) -> str:
