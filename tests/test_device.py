@@ -67,14 +67,16 @@ def test_gpu_check_reads_each_artifacts_device(tmp_path: Path) -> None:
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    for folder, platform in (
-        ("facts", {"machine": "x86_64"}),  # a token step: no device recorded
-        ("features/A/hidden", {"device": "cuda NVIDIA H200"}),
-        ("causal", {"device": "cpu"}),
+    for folder, platform, name in (
+        ("facts", {"machine": "x86_64"}, "meta.json"),  # a token step: no device recorded
+        ("features/A/hidden", {"device": "cuda NVIDIA H200"}, "meta.json"),
+        ("causal", {"device": "cpu"}, "meta.json"),
+        ("features/B/grads/step_0000160/pool/shard_0000", {"device": "cpu"}, "shard.json"),
+        ("scores/bm25/A", {"device": "cpu"}, "meta.json"),  # no twin: the CPU is right
     ):
         (tmp_path / folder).mkdir(parents=True)
-        (tmp_path / folder / "meta.json").write_text(json.dumps({"platform": platform}))
-    assert mod.study_devices(tmp_path) == {
-        "causal": "cpu",
-        "features/A/hidden": "cuda NVIDIA H200",
-    }
+        (tmp_path / folder / name).write_text(json.dumps({"platform": platform}))
+    got = mod.study_devices(tmp_path)
+    assert got["features/A/hidden"] == "cuda NVIDIA H200" and "facts" not in got
+    off = [k for k, v in got.items() if mod.MODEL_STEP.match(k) and not v.startswith("cuda")]
+    assert off == ["causal", "features/B/grads/step_0000160/pool/shard_0000"]

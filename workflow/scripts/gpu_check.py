@@ -29,8 +29,8 @@ numbers mean nothing). Prints one JSON object and writes it to ``--out`` if give
 
 6. ``--study DIR``: the smoke config's whole workflow (``tests/smoke/config.yaml``, results in
    ``DIR``) with ``PLANTBENCH_DEVICE=cuda``, so that every model step must run on the GPU: each
-   model artifact's recorded device (``meta.json``'s ``platform.device``) and the workflow's
-   seconds. This is the check that the steps after pretraining move their twin, inputs and
+   model step's recorded device (``platform.device`` of its ``meta.json`` or gradient shard's
+   ``shard.json``), those made off the GPU, and the workflow's seconds. This is the check that the steps after pretraining move their twin, inputs and
    outputs to and from the GPU (on the CPU it runs the same workflow there, in minutes).
 """
 
@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -218,11 +219,19 @@ def suite_speed(
     return gen_rate, batch / (time.perf_counter() - t0)
 
 
+# the artifacts made by a step that runs a twin (or the text encoder): these belong on the GPU
+MODEL_STEP = re.compile(
+    r"^(models/[^/]+|features/[^/]+/(grads/.+|hidden|ekfac|embed)|fidelity/[AB]|causal|reading"
+    r"|(context|grounding|membership)/[AB])$"
+)
+
+
 def study_devices(results: Path) -> dict[str, str]:
-    """Each artifact's recorded float device (``platform.device`` of every ``meta.json`` under
-    ``results`` that has one), by its folder relative to ``results``."""
+    """Each artifact's recorded float device (``platform.device`` of every ``meta.json``, and
+    gradient shard's ``shard.json``, under ``results`` that has one), by its folder relative to
+    ``results``."""
     out = {}
-    for meta in sorted(results.rglob("meta.json")):
+    for meta in sorted([*results.rglob("meta.json"), *results.rglob("shard.json")]):
         device = json.loads(meta.read_text()).get("platform", {}).get("device")
         if device is not None:
             out[str(meta.parent.relative_to(results))] = device
@@ -246,7 +255,10 @@ def study_on_device(results: Path, cores: int) -> dict[str, Any]:
         "seconds": round(time.perf_counter() - t0, 1),
         "stderr_tail": proc.stderr[-2000:] if proc.returncode else "",
         "devices": sorted(set(devices.values())),
-        "artifacts_off_the_gpu": [k for k, v in devices.items() if not v.startswith("cuda")],
+        "model_steps": sum(1 for k in devices if MODEL_STEP.match(k)),
+        "model_steps_off_the_gpu": [
+            k for k, v in devices.items() if MODEL_STEP.match(k) and not v.startswith("cuda")
+        ],
     }
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
+from plantbench import floats
 from plantbench.errors import ArtifactError, PlantbenchError
 from plantbench.hashing import hash_file
 from plantbench.io import fsync_dir, write_json
@@ -303,7 +304,8 @@ def extract_to_shard(
             factors.save(writer.partial)
         if progress is not None:
             progress(b - a)
+    platform = {"platform": floats.record()}  # the float path (device) the rows were made on
     if factors is None or writer.complete:
-        return writer.finalize()
+        return writer.finalize(platform)
     record = {**factors.save(writer.partial), "batch_rows": int(batch_rows), "dtype": str(dtype)}
-    return writer.finalize({"factors": record})
+    return writer.finalize({"factors": record, **platform})
