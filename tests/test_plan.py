@@ -407,6 +407,17 @@ def test_an_influence_score_job_holds_the_fisher() -> None:
     assert with_fisher - without == 2 * 15_360**2 * 8
 
 
+def test_the_stream_step_holds_its_recall_windows() -> None:
+    """Every recall window is held until both streams are written: its ids in the stream's
+    token dtype, its uint8 mask and its objects (the default study: 40,960 windows of 128)."""
+    cfg = config.load([ROOT / "config.yaml"])
+    n = sum(layout.recall_counts(cfg).values())
+    with_recall = _stage(plan.plan(cfg), "stream").mem_bytes
+    off = config.deep_merge(cfg, {"stream": {"recall": {"prefix_share": 0.0, "paired_share": 0.0}}})
+    without = _stage(plan.plan(off), "stream").mem_bytes
+    assert n == 40_960 and with_recall - without == n * ((2 + 1) * 128 + plan.RECALL_WINDOW_BYTES)
+
+
 def test_a_logged_peak_is_judged_however_short_the_job(paper: dict, tmp_path: Path) -> None:
     """The exact peak a step's log ends with (plantbench.process.report_peak) replaces the
     benchmark's sampled max_rss where it is larger, and makes a short job's memory count; the

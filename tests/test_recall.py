@@ -52,6 +52,7 @@ def test_recall_windows_carry_loss_on_their_answers_only(built) -> None:
     cfg, p = built
     tok = tokenizer.load(p.tokenizer)
     w = recall.RecallGenerator(_mode(cfg, "answers"), _tables(p), tok).window(3, 1.0)
+    assert w.ids.dtype == tokenizer.token_dtype(tok.get_vocab_size()) == np.uint16  # compact
     text = tok.decode(w.ids.tolist())
     targets = tok.decode(w.ids[w.mask == 1].tolist())
     assert w.queries >= 1 and w.mask[0] == 0 and w.mask.sum() < (w.ids != 0).sum() / 2

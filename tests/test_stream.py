@@ -123,6 +123,33 @@ def test_tokenized_documents_on_disk_equal_in_memory(tmp_path):
         assert mem.tokens[mem.offsets[i] : mem.offsets[i + 1]].tolist() == [BOS_ID, *d, EOS_ID]
 
 
+def test_text_chunks_keep_order_and_bound_each_call():
+    texts = ["ab", "cdef", "g", "hijklmnop", "", "qr"]
+    runs = list(stream.text_chunks(texts, max_chars=5))
+    assert [t for run in runs for t in run] == texts
+    assert runs == [["ab"], ["cdef", "g"], ["hijklmnop"], ["", "qr"]]  # a longer text alone
+    assert list(stream.text_chunks([], max_chars=5)) == []
+
+
+def test_tokenizer_calls_are_bounded_and_the_tokens_unchanged(monkeypatch):
+    calls: list[int] = []
+
+    class Tok:  # each text is its own ids; records the characters of each call
+        def encode_batch_fast(self, texts, add_special_tokens=False):
+            calls.append(sum(len(t) for t in texts))
+            return [type("E", (), {"ids": t})() for t in texts]
+
+    docs = [d for d in _docs(np.random.default_rng(1), 40) if d]
+    whole = stream.tokenize_docs(Tok(), [docs], np.dtype(np.uint16))
+    assert calls == [sum(map(len, docs))]
+    calls.clear()
+    monkeypatch.setattr(layout, "ENCODE_CHARS", 10)
+    parts = stream.tokenize_docs(Tok(), [docs], np.dtype(np.uint16))
+    assert len(calls) > 1 and max(calls) <= 10  # every document is shorter than the bound
+    assert np.array_equal(whole.tokens, parts.tokens)
+    assert np.array_equal(whole.offsets, parts.offsets)
+
+
 def test_background_order_and_windows_follow_their_definition():
     """The background is the documents in a seeded order per pass, concatenated, cut into
     consecutive windows placed at the background rows (written a chunk at a time)."""

@@ -49,7 +49,7 @@ class Window:
     """One recall window: token ids (``window`` long, padded) and the per-token loss mask
     (1 = a target), with its episodes' sizes."""
 
-    ids: np.ndarray
+    ids: np.ndarray  # in the stream's token dtype (:func:`tokenizer.token_dtype`)
     mask: np.ndarray
     segments: tuple[int, ...]
     queries: int
@@ -139,6 +139,7 @@ class RecallGenerator:
         self.k_max = layout.context_segments(cfg)
         self.loss = st["loss"]
         self.tok = tok
+        self.dtype = tokenizer.token_dtype(tok.get_vocab_size())  # the stream's: ids held compact
         self.relations = [facts_mod.RELATIONS[r] for r in sorted(facts_mod.RELATIONS)]
         self.names = facts_mod.FastNames(rng(self.seed, "recall", "names"), ())
         self.names.reserved = {
@@ -213,7 +214,7 @@ class RecallGenerator:
             else:
                 continue
             break  # the window is full inside this episode
-        out = np.full(W, tokenizer.PAD_ID, dtype=np.int64)
+        out = np.full(W, tokenizer.PAD_ID, dtype=self.dtype)
         m = np.zeros(W, dtype=np.uint8)
         out[: len(ids)] = ids
         m[: len(mask)] = mask

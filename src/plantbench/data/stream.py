@@ -36,7 +36,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,7 @@ KINDS = ("background", "planted", "distractor", "episode", "recall")
 TOKENS = "tokens.bin"
 LOSS_MASK = "loss_mask.bin"  # one uint8 row per recall window: 1 = a target token
 MANIFEST = "manifest.parquet"
-PROGRESS_EVERY = 256  # batches of documents between progress lines
+PROGRESS_EVERY = 256  # tokenizer calls (runs of documents) between progress lines
 MAX_PASSES = 1000  # more passes over the held-out padding text than this is an error
 DEFAULT_MAX_BACKGROUND_PASSES = 4  # stream.max_background_passes when the config omits it
 
@@ -196,10 +196,6 @@ def _recall_slots(cfg: dict[str, Any], taken: np.ndarray) -> list[Slot]:
     return [Slot(int(i), "recall", f"RC{i:08d}", f"RC{i:08d}", "", "") for i in chosen]
 
 
-def _token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.uint32)
-
-
 @dataclass(frozen=True)
 class DocTokens:
     """Documents as ``<bos> ids <eos>`` runs in one flat token array (a memmap for the training
@@ -217,6 +213,37 @@ class DocTokens:
         return int(self.offsets[-1])
 
 
+def text_chunks(texts: Sequence[str], max_chars: int | None = None) -> Iterator[list[str]]:
+    """``texts`` in consecutive runs of at most ``max_chars`` characters (default
+    ``layout.ENCODE_CHARS``; a longer text alone), so that one tokenizer call's encodings stay
+    bounded whatever the corpus's batch size."""
+    limit = layout.ENCODE_CHARS if max_chars is None else max_chars
+    run: list[str] = []
+    chars = 0
+    for text in texts:
+        if run and chars + len(text) > limit:
+            yield run
+            run, chars = [], 0
+        run.append(text)
+        chars += len(text)
+    if run:
+        yield run
+
+
+def _encode_runs(tok: Any, texts: list[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """``texts`` as ``<bos> ids <eos>`` runs in one flat array, and each run's length."""
+    encoded = tokenizer.encode_batch(tok, texts)
+    lens = np.asarray([len(ids) + 2 for ids in encoded], dtype=np.int64)
+    flat = np.empty(int(lens.sum()), dtype=dtype)
+    start = 0
+    for ids, n in zip(encoded, lens.tolist(), strict=True):
+        flat[start] = tokenizer.BOS_ID
+        flat[start + 1 : start + n - 1] = ids
+        flat[start + n - 1] = tokenizer.EOS_ID
+        start += n
+    return flat, lens
+
+
 def tokenize_docs(
     tok: Any, batches: Iterable[list[str]], dtype: np.dtype, path: Path | None = None
 ) -> DocTokens:
@@ -228,16 +255,8 @@ def tokenize_docs(
     n_docs = n_tok = 0
     fh = open(path, "wb") if path is not None else None  # noqa: SIM115 (closed below)
     try:
-        for texts in batches:
-            encoded = tokenizer.encode_batch(tok, texts)
-            lens = np.asarray([len(ids) + 2 for ids in encoded], dtype=np.int64)
-            flat = np.empty(int(lens.sum()), dtype=dtype)
-            start = 0
-            for ids, n in zip(encoded, lens.tolist(), strict=True):
-                flat[start] = tokenizer.BOS_ID
-                flat[start + 1 : start + n - 1] = ids
-                flat[start + n - 1] = tokenizer.EOS_ID
-                start += n
+        for texts in (part for batch in batches for part in text_chunks(batch)):
+            flat, lens = _encode_runs(tok, texts, dtype)
             lengths.append(lens)
             n_docs, n_tok = n_docs + len(lens), n_tok + len(flat)
             if len(lengths) % PROGRESS_EVERY == 0:
@@ -414,7 +433,7 @@ def build(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, Any]]:
     inp = _read_inputs(cfg, paths)
     doc_tokens, eps, slots = _plan_documents(cfg, paths, inp)
     recall_windows = _recall_windows(cfg, paths, inp, slots)
-    dtype = _token_dtype(inp.tok.get_vocab_size())
+    dtype = tokenizer.token_dtype(inp.tok.get_vocab_size())
     # The held-out split pads document windows (a few MB: kept in memory); the training split is
     # the background (up to the whole corpus: tokenized once into a scratch file, memory-mapped).
     heldout = tokenize_docs(inp.tok, corpus_mod.iter_texts(paths.corpus, "heldout"), dtype)

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -50,6 +51,11 @@ PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG)
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The stream's token dtype: uint16 when the vocabulary fits, else uint32."""
+    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.uint32)
 
 
 def _untrained() -> Tokenizer:

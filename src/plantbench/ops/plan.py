@@ -114,6 +114,8 @@ DEFAULT_UTILISATION = 0.40
 BASE_BYTES = 0.15e9  # a job's Python with pandas and pyarrow
 ROW_GROUP_CHARS = 128e6  # characters a streaming data step holds at once (corpus, stream)
 TORCH_BASE_BYTES = 0.75e9  # ... with torch and transformers imported
+ENCODE_BYTES = 27 * layout.ENCODE_CHARS  # one tokenizer call's encodings (the stream step)
+RECALL_WINDOW_BYTES = 500  # a recall window held: its objects, beside its ids and uint8 mask
 LOGIT_BYTES = 12  # per token and vocabulary entry: fp32 logits, their gradient, log-softmax
 GRAD_LOGIT_BYTES = 6  # the per-example gradient pass: its logits freed once their gradient is
 # formed (measured on the rehearsal: 1.6 GB a job at 4 windows x 1,024 x 32,768)
@@ -369,14 +371,17 @@ def _data_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
         disk_bytes=5e6,
         mem_bytes=BASE_BYTES + 0.5 * sample,  # BPE's word counts and pair index
     )
+    per_window = (z.tok_bytes + 1) * W + RECALL_WINDOW_BYTES  # ids in the stream's dtype
+    recall_bytes = sum(layout.recall_counts(cfg).values()) * per_window
     stream = Stage(
         "stream",
         1,
         f"{nm} x {n_win:,} windows x {W:,} tokens",
         tokens=nm * z.tokens_per_model,
         disk_bytes=nm * (z.tokens_per_model * z.tok_bytes + n_win * 40),
-        # a row group of documents (the tokens go to a memory-mapped scratch file)
-        mem_bytes=BASE_BYTES + batch_text,
+        # a row group of documents and one tokenizer call's encodings (the tokens go to a
+        # memory-mapped scratch file), and every recall window until both streams are written
+        mem_bytes=BASE_BYTES + batch_text + ENCODE_BYTES + recall_bytes,
     )
     return [corpus, tokenizer, stream]
 
