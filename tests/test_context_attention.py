@@ -40,6 +40,11 @@ def test_attention_rows_are_the_response_positions_and_owners_the_segments_token
     assert att.shape == (2, 2, 3, 1 + n_prompt + 2)  # [L, H, response, <bos> prompt resp[:-1]]
     # softmax rows over the causal past: every row sums to 1
     assert np.allclose(att.sum(-1), 1.0)
+    # the memo holds these rows only: not a view of the forward's [L, H, S, S] weights (at the
+    # paper's 12 x 12 heads and 1,056 queries those would be about 100 GB)
+    base = att.base
+    held = base.untyped_storage().nbytes() if isinstance(base, torch.Tensor) else att.nbytes
+    assert (base is None or isinstance(base, torch.Tensor)) and held == att.nbytes
     # owners: the kept segments' characters, in the full context's numbering
     assert (owner == 0).sum() == len(SEGMENTS[0]) and (owner == 2).sum() == len(SEGMENTS[2])
     assert (owner == 1).sum() == 0 and owner[0] == -1

@@ -418,6 +418,28 @@ def test_the_stream_step_holds_its_recall_windows() -> None:
     assert n == 40_960 and with_recall - without == n * ((2 + 1) * 128 + plan.RECALL_WINDOW_BYTES)
 
 
+def test_embed_counts_each_distinct_text_once_at_the_encoders_matmuls() -> None:
+    """The shared job encodes the pool windows both twins hold and the queries, each twin only
+    its own planted windows: 2 FLOPs per token per matmul parameter (MiniLM: 6 x 12 x 384^2)."""
+    cfg = config.load([ROOT / "config.yaml"])
+    counts = layout.pool_counts(cfg)
+    n_pool, n_q = sum(counts.values()), 2 * layout.n_facts(cfg)  # two query forms a fact
+    embed = _stage(plan.plan(cfg), "embed")
+    tokens = (n_pool + counts["planted"]) * 128 + n_q * 32
+    assert plan.MINILM[1] == 6 * 12 * 384**2 and plan.ENCODER[1] == 12 * 12 * 768**2
+    assert embed.tokens == tokens and embed.flops == tokens * 2 * plan.MINILM[1]
+
+
+def test_a_job_that_loads_the_encoder_adds_its_load_time() -> None:
+    from plantbench.ops import plan_measured as pm
+
+    row = dict(jobs_planned=3, jobs_measured=3, flops=2e9, cpu_s=1.0, wall_s=1.0)
+    mem = dict(mem_planned_mb=1.0, mem_measured_mb=1.0)
+    embed = pm.Row("embed", **row, **mem).seconds_planned(1e9)
+    hidden = pm.Row("hidden", **row, **mem).seconds_planned(1e9)
+    assert hidden == 2.0 + 3 * pm.JOB_CPU_S and embed - hidden == 3 * pm.ENCODER_LOAD_CPU_S
+
+
 def test_a_logged_peak_is_judged_however_short_the_job(paper: dict, tmp_path: Path) -> None:
     """The exact peak a step's log ends with (plantbench.process.report_peak) replaces the
     benchmark's sampled max_rss where it is larger, and makes a short job's memory count; the

@@ -12,9 +12,12 @@ Counting rules (stated so that the table can be checked by hand):
   weight gradients: ``4 N + 8 L d T`` per token, per checkpoint in ``features.tracin_checkpoints``
   (the final checkpoint is one of them), for every pool window and every query.
 * Forward only (hidden states): ``2 N + 4 L d T`` per token.
-* Text embeddings: a BERT-base-sized encoder (``ENCODER_PARAMS``), windows truncated to
-  ``ENCODER_TOKENS`` tokens, ``2 P`` per token; MiniLM (``features.encoder`` names
-  ``minilm``, the default study's) is ``MINILM`` (22.7M parameters, 256 tokens).
+* Text embeddings: a BERT-base-sized encoder (``ENCODER``), windows truncated to its maximum
+  length, ``2 P`` per token for the ``P`` parameters of its matmuls (not the token embedding
+  table; attention's own FLOPs, ~5% at 128 tokens, left out); MiniLM (``features.encoder``
+  names ``minilm``, the default study's) is ``MINILM`` (22.7M parameters, 10.6M in matmuls,
+  256 tokens). Each distinct text once: the pool windows both twins share and the queries in
+  the shared job, each twin's planted windows (its own documents) in its own.
 * Scoring: ``2 D`` FLOPs per (query, pool window) pair for the gradient methods (times the
   TracIn checkpoints for the TracIn ones); the others are memory-bound and not counted.
 * GPU-hours = FLOPs / (bf16 dense peak x utilisation) / 3600; CPU-only stages (facts, corpus,
@@ -120,9 +123,9 @@ LOGIT_BYTES = 12  # per token and vocabulary entry: fp32 logits, their gradient,
 GRAD_LOGIT_BYTES = 6  # the per-example gradient pass: its logits freed once their gradient is
 # formed (measured on the rehearsal: 1.6 GB a job at 4 windows x 1,024 x 32,768)
 LAYER_BYTES = 6  # per token, layer and (8 x width + 4 x intermediate) entry: saved activations
-ENCODER_PARAMS = 110_000_000  # bge-base / BERT-base
-ENCODER_TOKENS = 512
-MINILM = (22_700_000, 256)  # all-MiniLM-L6-v2: parameters, max_seq_length
+# text encoders: (parameters, of them in matmuls: layers x 12 x width^2, max tokens)
+ENCODER = (110_000_000, 12 * 12 * 768**2, 512)  # bge-base / BERT-base: 12 layers x 768
+MINILM = (22_700_000, 6 * 12 * 384**2, 256)  # all-MiniLM-L6-v2: 6 layers x 384, max_seq_length
 TORCH_IMPORT_BYTES = 0.3e9  # a job that imports torch but loads no model (suite tables, report)
 # Tokens of the facts' texts (the template generator's; measured with the rehearsal's BPE:
 # sentences 16.6, query prompts 14.7, a fact's longest candidate 5.3, documents 63 on average)
@@ -142,10 +145,11 @@ CONTEXT_METHODS = (  # the context suite's registered methods (context.methods b
 )
 
 
-def encoder_size(cfg: dict[str, Any]) -> tuple[int, int]:
-    """(parameters, tokens a text is truncated to) of ``features.encoder``."""
+def encoder_size(cfg: dict[str, Any]) -> tuple[int, int, int]:
+    """(parameters, parameters in matmuls, tokens a text is truncated to) of
+    ``features.encoder``."""
     name = str(cfg["features"].get("encoder", "")).lower()
-    return MINILM if "minilm" in name else (ENCODER_PARAMS, ENCODER_TOKENS)
+    return MINILM if "minilm" in name else ENCODER
 
 
 GRAD_METHODS = {"grad_dot": 1, "grad_cos": 1, "influence": 1}  # checkpoints they read: final only
@@ -582,14 +586,16 @@ def _forward_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
         + 4 * z.params
         + s.act_bytes(2 * int(cfg["features"]["batch_windows"]) * W, logit_bytes=0) / 3,
     )
-    enc, enc_tokens = encoder_size(cfg)
-    e_tok = nm * (n_pool * min(W, enc_tokens) + n_queries * z.query_tokens)
+    enc, enc_matmul, enc_tokens = encoder_size(cfg)
+    # distinct texts: the shared pool windows once, each twin's planted windows, the queries
+    texts = n_pool + (nm - 1) * z.counts["planted"]
+    e_tok = texts * min(W, enc_tokens) + n_queries * z.query_tokens
     embed = Stage(
         "embed",
         nm + 1,  # the shared job embeds both pools' texts once; one job per twin reads it
         f"encoder (~{enc / 1e6:.0f}M params) on pool + queries",
         tokens=e_tok,
-        flops=e_tok * 2 * enc,
+        flops=e_tok * 2 * enc_matmul,
         gpu=True,
         disk_bytes=nm * (n_pool + n_queries) * 768 * 4,
         mem_bytes=TORCH_BASE_BYTES + 4 * enc,
@@ -851,14 +857,14 @@ def _membership_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
     s, st = z.s, membership_settings.settings(cfg)
     n, _, d = membership_settings.sizes(st, z.counts["planted"], z.counts["distractor"])
     g, p, c = st.generate_tokens, PAD * PROMPT_TOKENS, PAD * (DOC_TOKENS + PROMPT_TOKENS)
-    enc, _ = encoder_size(cfg)
+    enc, enc_matmul, _ = encoder_size(cfg)
     # the samples and distractors once; three more templates and two noise runs (no
     # continuation) on the samples; each document alone (the likelihood baselines)
     runs = [_conditions(s, n + d, p, c, g), *[_conditions(s, n, p, c, g)] * 3]
     runs += [_conditions(s, n, p, c, 0)] * 2
     doc = PAD * DOC_TOKENS + 1
     texts = 2 * (n + d) + 3 * 2 * n  # continuations the encoder embeds (L1)
-    flops = sum(f for _, f in runs) + n * s.fwd_flops(doc, doc) + texts * (g + 2) * 2 * enc
+    flops = sum(f for _, f in runs) + n * s.fwd_flops(doc, doc) + texts * (g + 2) * 2 * enc_matmul
     tokens = sum(t for t, _ in runs) + n * doc
     detect = Stage(
         "membership_detect",

@@ -11,7 +11,8 @@ run in float32, the same rate when training is float32 but the pool gradients' r
 bf16 (bf16 autocast on a CPU runs oneDNN's bf16 kernels, AMX where the CPU has it: measured
 83-110 GFLOP/s there against 66-67 for float32 on one Intel Xeon); stages without FLOPs (facts, corpus, tokenizer, stream, pool, the suites'
 table steps, analysis) get no time prediction; each job of a stage with FLOPs adds
-``JOB_CPU_S`` of fixed cost (imports, inputs, meta), which dominates only at tiny counts. Ratios
+``JOB_CPU_S`` of fixed cost (imports, inputs, meta), and a job that loads the text encoder
+``ENCODER_LOAD_CPU_S`` more; they dominate only at tiny counts. Ratios
 are measured / planned; the table flags any outside [1/2, 2]. Written as
 ``plan_vs_measured.md`` into the benchmarks folder (also by the Snakefile's ``onsuccess``).
 """
@@ -41,6 +42,10 @@ FP32_ANCHOR = "grads"  # float32 stages' rate when training is bf16: the pool gr
 # a torch job's fixed CPU seconds (interpreter, torch and transformers imports, reading its
 # inputs, writing its meta) beside its FLOPs: measured on the rehearsal's curvature and score jobs
 JOB_CPU_S = 2.5
+# ... and loading the text encoder (sentence-transformers and MiniLM's weights) beside that:
+# 6.7-6.9 CPU s to encode one text against 2.7-2.8 for the imports alone (the default's encoder)
+ENCODER_LOAD_CPU_S = 4.2
+LOADS_ENCODER = ("embed", "membership_detect")
 # rules -> the plan's stage (a rule not listed has no row in the plan: see UNPLANNED)
 STAGE_OF_RULE: dict[str, str] = {
     "facts": "facts",
@@ -101,10 +106,12 @@ class Row:
     disk_measured_mb: float = 0.0  # their folders' size on disk (0: not measured)
 
     def seconds_planned(self, rate: float) -> float:
-        """The FLOPs at ``rate`` plus each planned job's fixed :data:`JOB_CPU_S`."""
+        """The FLOPs at ``rate`` plus each planned job's fixed :data:`JOB_CPU_S` (and
+        :data:`ENCODER_LOAD_CPU_S` where the job loads the text encoder)."""
         if rate <= 0 or self.flops <= 0:
             return 0.0
-        return self.flops / rate + self.jobs_planned * JOB_CPU_S
+        fixed = JOB_CPU_S + (ENCODER_LOAD_CPU_S if self.stage in LOADS_ENCODER else 0.0)
+        return self.flops / rate + self.jobs_planned * fixed
 
     def work_ratio(self, rate: float) -> float | None:
         planned = self.seconds_planned(rate)

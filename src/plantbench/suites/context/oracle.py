@@ -142,9 +142,10 @@ class Oracle:
         device = next(self.model.parameters()).device
         with _eager(self.model), torch.no_grad():
             out = self.model(input_ids=torch.tensor([ids], device=device), output_attentions=True)
-        att = torch.stack([a[0] for a in out.attentions]).double().cpu().numpy()
         first = len(enc.ids)  # position of the prompt's last token (after <bos>)
-        return att[:, :, first : first + len(response)], owner
+        # the R rows only, copied: a view would keep every row of every layer alive in the memo
+        rows = torch.stack([a[0, :, first : first + len(response)] for a in out.attentions])
+        return rows.double().cpu().numpy(), owner
 
     def full(self) -> np.ndarray:
         return np.ones(self.k, dtype=bool)
