@@ -624,8 +624,10 @@ def _score_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
         f"{n_pool:,} windows = {_si(nm * len(methods) * pairs)} pairs",
         flops=sflops,
         disk_bytes=nm * len(methods) * n_queries * (k * 32 + 64),
-        # the pool's and the queries' features in float32, float64 tiles of scores
+        # torch imported (plantbench.artifacts: 0.4 GB with pandas, measured), the pool's and
+        # the queries' features in float32, float64 tiles of scores
         mem_bytes=BASE_BYTES
+        + TORCH_IMPORT_BYTES
         + (n_pool + n_queries) * D * 4
         + 3 * 8 * int(cfg["scoring"]["query_block"]) * int(cfg["scoring"]["pool_block"])
         + fisher,
