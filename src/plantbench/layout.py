@@ -36,6 +36,11 @@ DEFAULT_CONTEXT_SEGMENTS = 2  # when causal.context_segments is absent (the defa
 # --------------------------------------------------------------------------- the stream
 
 
+def token_bytes(vocab_size: int) -> int:
+    """Bytes of a stored token id: 2 (uint16) when the vocabulary fits, else 4 (uint32)."""
+    return 2 if vocab_size <= 1 << 16 else 4
+
+
 def n_windows(cfg: Mapping[str, Any]) -> int:
     """Training windows of each twin's stream: optimizer steps x windows per step."""
     return int(cfg["train"]["steps"]) * int(cfg["train"]["batch_windows"])

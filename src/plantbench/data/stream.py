@@ -247,8 +247,9 @@ def _encode_runs(tok: Any, texts: list[str], dtype: np.dtype) -> tuple[np.ndarra
 def tokenize_docs(
     tok: Any, batches: Iterable[list[str]], dtype: np.dtype, path: Path | None = None
 ) -> DocTokens:
-    """Tokenize documents a batch at a time into :class:`DocTokens`; with ``path`` the tokens
-    are appended to that file and memory-mapped (memory stays at one batch plus the offsets),
+    """Tokenize documents into :class:`DocTokens`, one run of :func:`text_chunks` a tokenizer
+    call; with ``path`` the tokens are appended to that file and memory-mapped (memory stays at
+    one batch of text, one call's encodings and the offsets),
     without it they are kept in memory."""
     lengths: list[np.ndarray] = []
     pieces: list[np.ndarray] = []

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from plantbench import layout
 from plantbench.config import config_hash
 from plantbench.errors import ArtifactError, PlantbenchError
 from plantbench.io import atomic_dir, dumps_json, read_meta, write_meta
@@ -54,8 +55,8 @@ FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
-    """The stream's token dtype: uint16 when the vocabulary fits, else uint32."""
-    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.uint32)
+    """The stream's token dtype (:func:`plantbench.layout.token_bytes` wide, unsigned)."""
+    return np.dtype(f"uint{8 * layout.token_bytes(vocab_size)}")
 
 
 def _untrained() -> Tokenizer:

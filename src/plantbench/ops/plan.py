@@ -294,7 +294,7 @@ def _sizes(cfg: dict[str, Any], query_tokens: int) -> _Sizes:
     steps, B, W = int(t["steps"]), int(t["batch_windows"]), s.window
     n_win = steps * B
     tokens_per_model = n_win * W
-    tok_bytes = 2 if s.vocab <= 65536 else 4
+    tok_bytes = layout.token_bytes(s.vocab)
     params = s.total_params(bool(cfg["model"]["tie_embeddings"]))
     ckpts = len(layout.checkpoint_steps(t))
     counts = layout.pool_counts(cfg)
