@@ -9,10 +9,11 @@
   the checkpoints saved so far) is saved atomically every ``train.state_every_steps`` steps and
   when SIGTERM / SIGUSR1 arrives (Slurm sends one before a time limit or preemption; SIGURG
   too); the job then exits with code 75 so that it is retried, and the retry resumes from the
-  state. On the CPU the resumed run is bit-identical. A state is resumed only when it was made
-  with this train config and stream and every checkpoint it has passed is on disk as saved;
-  otherwise one warning line, and training restarts from step 0 after removing the stale
-  state, checkpoints, loss log and meta (a rerun never loops on a missing checkpoint).
+  state. On the CPU the resumed run is bit-identical, and so is every file it writes (a torch
+  pickle's bytes depend on its values only: :func:`canonical`). A state is resumed only when
+  it was made with this train config and stream and every checkpoint it has passed is on disk
+  as saved; otherwise one warning line, and training restarts from step 0 after removing the
+  stale state, checkpoints, loss log and meta (a rerun never loops on a missing checkpoint).
 - HF checkpoints (``save_pretrained``) every ``train.checkpoint_every_steps`` steps and at the end,
   each with the tokenizer files and a model card (:mod:`plantbench.model.modelcard`), so
   ``AutoTokenizer`` / ``pipeline("text-generation", model=<checkpoint>)`` work on the folder.
@@ -40,6 +41,7 @@ gains nothing from it); on CUDA AdamW is fused and attention uses SDPA (flash) k
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import csv
 import io as _io
@@ -50,6 +52,8 @@ import os
 import random
 import shutil
 import signal
+import struct
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,10 +261,86 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_state(path: Path, payload: dict[str, Any]) -> None:
+def canonical(obj: Any) -> Any:
+    """``obj`` rebuilt so that its torch pickle depends on its values only. Pickle writes an
+    object it meets again as a reference to the first, so the bytes also said which equal parts
+    were one Python object: a run resumed from a state holds the loaded loss log and optimizer
+    keys beside fresh ones, equal strings that are other objects, and its ``fork.pt`` had other
+    bytes than a straight run's (issue 45). Rebuilt: every string interned (one object per
+    value), every tuple of plain values one object per value, every dict and list a new one,
+    every tensor as it is when it is the whole of its storage (tied weights stay one storage)
+    and a contiguous copy otherwise. A straight run's payload already has this form, so its
+    bytes are those of earlier versions. The module names of a state dict's ``_metadata`` stay
+    one object each, as ``state_dict()`` makes them (interned, the root's name ``model`` would
+    be the payload's key ``model``, and a straight run's bytes would change)."""
+    return _Canonical().rebuild(obj)
+
+
+class _Canonical:
+    def __init__(self) -> None:
+        self.tuples: dict[Any, tuple[Any, ...]] = {}  # a tuple of plain values, by value
+
+    def rebuild(self, obj: Any) -> Any:
+        if type(obj) is str:
+            return sys.intern(obj)
+        if isinstance(obj, torch.Tensor):
+            return _whole_tensor(obj)
+        if type(obj) in (dict, collections.OrderedDict):
+            return self._dict(obj)
+        if type(obj) is list:
+            return [self.rebuild(v) for v in obj]
+        if type(obj) is tuple:
+            items = tuple(self.rebuild(v) for v in obj)
+            key = _value_key(items)
+            return items if key is None else self.tuples.setdefault(key, items)
+        return obj
+
+    def _dict(self, obj: dict[Any, Any]) -> dict[Any, Any]:
+        out = type(obj)((self.rebuild(k), self.rebuild(v)) for k, v in obj.items())
+        meta = getattr(obj, "_metadata", None)  # a module state dict's: name -> version
+        if meta is not None:
+            names = ((_own_str(k), self.rebuild(v)) for k, v in meta.items())
+            out._metadata = type(meta)(names)  # type: ignore[attr-defined]
+        return out
+
+
+def _own_str(s: str) -> str:
+    """An equal string that is no other string's object (what ``state_dict()`` makes)."""
+    return s.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
+
+
+def _value_key(obj: Any) -> Any:
+    """A key equal for equal plain values of the same types only (``1``, ``1.0`` and ``True``
+    differ, so do ``0.0`` and ``-0.0``); None for anything else (an array, a tensor)."""
+    if type(obj) is tuple:
+        keys = [_value_key(v) for v in obj]
+        return None if any(k is None for k in keys) else (tuple, *keys)
+    if type(obj) is float:
+        return (float, struct.pack("<d", obj))
+    if obj is None or type(obj) in (str, int, bool, bytes):
+        return (type(obj), obj)
+    return None
+
+
+def _whole_tensor(t: torch.Tensor) -> torch.Tensor:
+    """``t`` when it is the whole of its storage, contiguous; else a contiguous copy (a view
+    would be saved with its whole storage: bytes that are not its values)."""
+    t = t.detach() if t.requires_grad else t
+    size = t.numel() * t.element_size()
+    whole = t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == size
+    return t if whole else t.clone(memory_format=torch.contiguous_format)
+
+
+def torch_bytes(payload: Any) -> bytes:
+    """``torch.save`` of the :func:`canonical` payload, in memory (the archive's name is then
+    fixed): bytes that depend on the values only."""
     buf = _io.BytesIO()
-    torch.save(payload, buf)
-    io.write_bytes(path, buf.getvalue())
+    torch.save(canonical(payload), buf)
+    return buf.getvalue()
+
+
+def save_state(path: Path, payload: dict[str, Any]) -> None:
+    io.write_bytes(path, torch_bytes(payload))
 
 
 def load_state(path: Path) -> dict[str, Any] | None:
@@ -498,10 +578,15 @@ def _clear_outputs(run: _Run) -> None:
     shutil.rmtree(run.paths.moments(run.name, "x").parent, ignore_errors=True)
 
 
+def _forks(run: _Run) -> bool:
+    """A twin of a config with a shared prefix: it starts from the prefix's state at the fork."""
+    return run.name != PREFIX and layout.prefix_steps(run.cfg) > 0
+
+
 def _fork_state(run: _Run) -> dict[str, Any] | None:
     """The shared prefix's state at the fork (``models/prefix/fork.pt``), checked: made with
     this train config from this stream's prefix. None without a prefix."""
-    if run.name == PREFIX or not layout.prefix_steps(run.cfg):
+    if not _forks(run):
         return None
     folder = run.paths.model(PREFIX)
     meta = io.read_meta(folder, "prefix")  # the fork's bytes checked against its hash
@@ -547,6 +632,8 @@ def _resume(run: _Run, fork: bool = True) -> None:
     _barrier(run.dev)  # every rank has decided before rank 0 removes anything
     if state is not None:
         _apply_state(run, state)
+        if fork and _forks(run):  # the prefix it forked from: its meta's inputs, as a fork's
+            run.prefix_meta = io.read_meta(run.paths.model(PREFIX), "prefix")
         log.info("resuming %s from step %d (%s)", run.name, run.start, run.state_path)
         return
     if run.dev.main:
@@ -717,10 +804,9 @@ def save_moments(
         "eps": float(opt.param_groups[0]["eps"]),
         "checkpoint_hash": checkpoint_hash,
     }
-    buf = _io.BytesIO()  # in memory: the archive's name is then fixed (the bytes reproducible)
-    torch.save(record, buf)
+    data = torch_bytes(record)
     with io.atomic_path(path) as tmp:
-        tmp.write_bytes(buf.getvalue())
+        tmp.write_bytes(data)
 
 
 def _log_rank(run: _Run) -> None:
