@@ -20,8 +20,9 @@ Per-example projected gradients of a causal LM, computed three ways in the same 
   machinery alone (the default sketch does more work per window for a better product).
 * ``bergson@32``, ``bergson@64`` (full run only): bergson at ``32 x 32`` and ``64 x 64`` per
   module (``D`` = 28,672 and 114,688 on the default model), the sizes a Kronecker projection
-  needs to keep about the sketch's fidelity (LoGra 32 x 32: Spearman 0.85; the sketch at 4,096:
-  0.92; :mod:`plantbench.attribution.sketch`).
+  needs to keep about the sketch's fidelity (measured on the twins before they read, A / B:
+  LoGra 32 x 32: Spearman 0.87 / 0.88; the sketch at 4,096: 0.91 / 0.92;
+  :mod:`plantbench.attribution.sketch`).
 * ``floor``: no featurizer: the frozen model's forward and backward with our fused loss, nothing
   captured (:func:`_floor`). Every tool's time over the floor's (paired per round) is a row; a
   peer's is the most any featurizer sharing the model's pass could gain on it.
