@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
+from plantbench import config
 from plantbench.cli import main
 from plantbench.config import deep_merge
 
@@ -202,7 +204,11 @@ CASES: list[tuple[str, dict | Setup | str, str]] = [
         lambda t: deep_merge(_plugin(t), {"methods": {"enabled": ["bm25", "mine"]}}),
         "'methods.plugins.0.name' = 'mine' is also in 'methods.enabled'",
     ),
-    ("results-is-a-file", _results_is_file, "notes.txt' is a file; give a folder"),
+    (
+        "results-is-a-file",
+        _results_is_file,
+        "notes.txt' is a file where a folder belongs; give the path of a folder for the outputs",
+    ),
     ("results-under-a-file", _results_under_file, "notes.txt', which is a file, not a folder"),
     (
         "plugin-named-nan",
@@ -366,8 +372,8 @@ def _unreadable(tmp: Path, kind: str) -> Path:
 @pytest.mark.parametrize(
     ("kind", "expect"),
     [
-        ("folder", "conf' is a folder; pass the path of a YAML file"),
-        ("missing", "ghost.yaml' does not exist; pass an existing --configfile"),
+        ("folder", "conf' is a folder where a file belongs; give the path of a YAML config file"),
+        ("missing", "ghost.yaml' does not exist; give the path of a YAML config file"),
         ("not-utf8", "latin.yaml' is not UTF-8 text (byte 13); save it as UTF-8"),
     ],
 )
@@ -463,15 +469,15 @@ def test_snakemake_refuses_a_dotted_config_key_in_one_line(tmp_path):
 def test_snakemake_refuses_a_config_folder_in_one_line(tmp_path):
     (tmp_path / "conf").mkdir()
     assert _snakemake_args_error(tmp_path, "--configfile", str(tmp_path / "conf")) == (
-        f"plantbench: config error: config file '{tmp_path / 'conf'}' is a folder; pass the path "
-        "of a YAML file"
+        f"plantbench: config error: config file '{tmp_path / 'conf'}' is a folder where a file "
+        "belongs; give the path of a YAML config file"
     )
 
 
 def test_snakemake_refuses_a_missing_config_file_in_one_line(tmp_path):
     assert _snakemake_args_error(tmp_path, "--configfile", str(tmp_path / "ghost.yaml")) == (
         f"plantbench: config error: config file '{tmp_path / 'ghost.yaml'}' does not exist; "
-        "pass an existing --configfile"
+        "give the path of a YAML config file"
     )
 
 
@@ -801,3 +807,71 @@ def test_the_report_lists_the_data_steps_warnings(tmp_path):
         "- corpus: corpus.sources.1 (text) contributes no",
         "",
     ]
+
+
+# ---- the workflow's config file, looked for in the working directory (-d) -------------------
+
+
+def _snakemake_in(cwd: Path, *args: str) -> list[str]:
+    """The stderr lines of ``snakemake -s <checkout>/Snakefile -n *args`` run from ``cwd``
+    (exit 1, no traceback, nothing written there)."""
+    import subprocess
+
+    snakemake = Path(sys.executable).parent / "snakemake"
+    cmd = [str(snakemake), "-s", str(ROOT / "Snakefile"), "-n", *args]
+    before = _snapshot(cwd)
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert _snapshot(cwd) == before
+    return proc.stderr.splitlines()
+
+
+def _copy(workdir: Path) -> str:
+    return f"cp {shlex.quote(DEFAULT)} {shlex.quote(str(workdir))}"
+
+
+def _workflow_config_missing(workdir: Path) -> str:
+    return (
+        "plantbench: config error: the workflow's config file 'config.yaml' does not exist "
+        f"(relative paths start at the working directory '{workdir}'); copy the checkout's "
+        f"config.yaml there ({_copy(workdir)}) or pass --configfile FILE"
+    )
+
+
+def test_snakemake_names_the_config_file_missing_from_the_working_directory(tmp_path):
+    """The documented `snakemake -s <checkout>/Snakefile -d <workdir>`, where <workdir> has no
+    config.yaml: one line naming the file, where it was looked for, and the fix."""
+    workdir = tmp_path / "my work"
+    workdir.mkdir()
+    errors = [ln for ln in _snakemake_in(tmp_path, "-d", str(workdir)) if "error" in ln.lower()]
+    assert errors == [_workflow_config_missing(workdir)]
+
+
+def test_snakemake_names_a_config_folder_in_the_working_directory(tmp_path):
+    """Snakemake would read it even with --configfile (and fail with a traceback)."""
+    workdir = tmp_path / "work"
+    (workdir / "config.yaml").mkdir(parents=True)
+    errors = [ln for ln in _snakemake_in(workdir, "--configfile", DEFAULT) if "error" in ln]
+    assert errors == [
+        "plantbench: config error: the workflow's config file 'config.yaml' is a folder where a "
+        "file belongs; give the path of a YAML config file"
+    ]
+
+
+def test_snakemake_names_the_missing_config_file_behind_a_partial_configfile(tmp_path):
+    """With --configfile, Snakemake skips the missing config.yaml without a word: the keys it
+    would give are missing, and the line says why."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    partial = tmp_path / "mine.yaml"
+    partial.write_text(f"results: '{tmp_path / 'results'}'\ntrain:\n  steps: 100\n")
+    lines = _snakemake_in(workdir, "--configfile", str(partial))
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    more = len(config.schema()["required"]) - 3  # results and train are given, seed named
+    assert errors == [
+        "plantbench: config error: the workflow's config file 'config.yaml' does not exist "
+        f"(relative paths start at the working directory '{workdir}'); without it the config "
+        f"lacks 'seed' (and {more} more): copy the checkout's config.yaml there "
+        f"({_copy(workdir)}) or give it first: --configfile {shlex.quote(DEFAULT)} FILE ..."
+    ]
+    assert not (tmp_path / "results").exists()

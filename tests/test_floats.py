@@ -125,25 +125,20 @@ HERE: dict[str, Any] = {
 }
 
 
-def _case(tmp_path, cfg, *, made: dict[str, Any], ref_float: dict[str, Any] | None, same: bool):
+def _case(tmp_path, cfg, *, made: dict[str, Any], ref_float: dict[str, Any], same: bool):
     import json
-
-    from plantbench.config import study_hash
 
     name = f"models/{MODELS[0]}"
     metas = {
         "facts": {"hash": "f" * 32, "platform": {}},
         name: {"hash": "a" * 32, "platform": made},
     }
-    ref = {
-        "name": "t",
-        "study_hash": study_hash(cfg),
-        "platform": verify.platform_key(),
-        "portable": list(verify.PORTABLE),
-        "hashes": {"facts": "f" * 32, name: "a" * 32 if same else "b" * 32},
-    }
-    if ref_float is not None:
-        ref["float_platforms"] = {name: ref_float}
+    whole = {k: {"hash": "f" * 32, "platform": ref_float} for k in verify.referenced(cfg)}
+    ref = verify.reference_record(
+        cfg, {**whole, name: {"hash": "a" * 32, "platform": ref_float}}, "t"
+    )
+    if not same:
+        ref["hashes"][name] = "b" * 32
     (tmp_path / "t.json").write_text(json.dumps(ref))
     checks = verify.check_reference(cfg, metas, tmp_path)
     return {c.artifact: c for c in checks}, name
@@ -166,10 +161,16 @@ def test_float_hash_on_another_path_is_a_skip_naming_it(tmp_path, smoke_cfg):
     assert got["reference facts"].status == "PASS"  # token artifacts are always compared
 
 
-def test_reference_without_float_paths_is_a_skip(tmp_path, smoke_cfg):
-    got, name = _case(tmp_path, smoke_cfg, made=HERE, ref_float=None, same=False)
-    assert got[f"reference {name}"].status == "SKIP"
-    assert "--write-reference" in got[f"reference {name}"].detail
+def test_reference_without_float_paths_is_malformed(tmp_path, smoke_cfg):
+    import json
+
+    got, name = _case(tmp_path, smoke_cfg, made=HERE, ref_float=HERE, same=True)
+    ref = json.loads((tmp_path / "t.json").read_text())
+    del ref["float_platforms"][name]
+    (tmp_path / "t.json").write_text(json.dumps(ref))
+    (line,) = verify.check_reference(smoke_cfg, {}, tmp_path)
+    assert line.status == "FAIL" and f"'float_platforms' lacks {name}" in line.detail
+    assert "--write-reference" in line.detail
 
 
 BF16_ATTENTION = """

@@ -141,10 +141,10 @@ def test_encoder_path_that_does_not_exist(tmp_path):
     cfg, p = build_upstream()
     cfg = json.loads(json.dumps(cfg))
     cfg["features"]["encoder"] = str(tmp_path / "no" / "such" / "encoder")
-    with pytest.raises(ConfigError, match="features.encoder.*no such model folder"):
+    with pytest.raises(ConfigError, match="features.encoder.*does not exist"):
         embed.embed(cfg, p, "A")
     assert not p.embed("A").exists()
-    with pytest.raises(ConfigError, match="features.encoder.*no such model folder"):
+    with pytest.raises(ConfigError, match="features.encoder.*does not exist"):
         embed.shared(cfg, p)
     assert not p.embed(embed.SHARED).exists()
     cfg["features"]["encoder"] = "not-an-installed-encoder-pkg"

@@ -127,7 +127,8 @@ def test_default_profile_leaves_the_cpu_test_cluster_alone(
     """As tests/test_slurm.py calls it: -s <repo>/Snakefile from another working directory."""
     profiles = ("--profile", str(ROOT / "profiles" / "slurm"))
     profiles += ("--profile", str(ROOT / "profiles" / "slurm-cpu-test"))
-    args = _effective(monkeypatch, tmp_path, "-s", str(ROOT / "Snakefile"), *profiles)
+    config = ("--configfile", str(ROOT / "config.yaml"))  # none in the working directory
+    args = _effective(monkeypatch, tmp_path, "-s", str(ROOT / "Snakefile"), *config, *profiles)
     assert args.cores is None and args.latency_wait == 5 and args.keep_going is True
     defaults = _resources(args.default_resources)
     assert defaults["slurm_partition"] == "debug" and defaults["mem_mb"] == 1000
@@ -138,3 +139,76 @@ def test_other_executor_gets_no_local_settings(monkeypatch: pytest.MonkeyPatch) 
     args = _effective(monkeypatch, ROOT, "--executor", "slurm", "--jobs", "3")
     assert args.cores is None and not _resources(args.resources)
     assert not _resources(args.default_resources)
+
+
+# --- the Slurm profile's SITE SPECIFICS block: each value checked in one line ------------------
+
+SLURM_LABEL = "plantbench: profiles/slurm/config.yaml: "
+
+
+def _slurm_profile_with(tmp_path: Path, old: str, new: str) -> Path:
+    """A copy of profiles/slurm whose SITE line ``old`` is edited to ``new``."""
+    text = (ROOT / "profiles" / "slurm" / "config.yaml").read_text()
+    assert text.count(old) == 1, old
+    folder = tmp_path / "slurm"
+    folder.mkdir()
+    (folder / "config.yaml").write_text(text.replace(old, new))
+    return folder
+
+
+def test_the_site_values_reach_the_profile() -> None:
+    sr = _profile("slurm")["set-resources"]
+    assert sr["pretrain"]["slurm_partition"] == "gpu" and sr["pretrain"]["cpus_per_gpu"] == 8
+    assert "slurm_account" not in sr["pretrain"]  # ACCOUNT = None
+    assert _profile("slurm")["default-resources"]["slurm_partition"] == "compute"
+
+
+def test_an_unquoted_site_value_is_one_line_before_snakemake_parses(tmp_path: Path) -> None:
+    """Snakemake would print its whole usage text and a NameError."""
+    import subprocess
+
+    folder = _slurm_profile_with(tmp_path, 'GPU_PARTITION = "gpu"', "GPU_PARTITION = gpu")
+    snakemake = Path(sys.executable).parent / "snakemake"
+    cmd = [str(snakemake), "--profile", str(folder), "-n"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines[-1] == (
+        f"{SLURM_LABEL}SITE value GPU_PARTITION = gpu is not a quoted string; write "
+        'GPU_PARTITION = "gpu"'
+    )
+    assert "usage:" not in proc.stderr and "NameError" not in proc.stderr
+    assert "Traceback" not in proc.stderr and not proc.stdout.strip()
+
+
+SITE_CASES = [
+    ('CPU_PARTITION = "compute"', "CPU_PARTITION = compute",
+     'SITE value CPU_PARTITION = compute is not a quoted string; write CPU_PARTITION = "compute"'),
+    ("ACCOUNT = None", "ACCOUNT = plantbench",
+     'SITE value ACCOUNT = plantbench is not a quoted string or None; write ACCOUNT = "plantbench"'),
+    ("GPU_CONSTRAINT = None", "GPU_CONSTRAINT = a100|h100",
+     "SITE value GPU_CONSTRAINT = a100|h100 is not a quoted string or None; write "
+     'GPU_CONSTRAINT = "a100|h100"'),
+    ("CPUS_PER_GPU = 8", 'CPUS_PER_GPU = "8"',
+     'SITE value CPUS_PER_GPU = "8" is not a whole number >= 1; write CPUS_PER_GPU = 8'),
+    ("CPUS_PER_GPU = 8", "CPUS_PER_GPU = eight",
+     "SITE value CPUS_PER_GPU = eight is not a whole number >= 1; write CPUS_PER_GPU = 8"),
+    ('GPU_PARTITION = "gpu"', 'GPU_PARTITION = "gpu',
+     'SITE line `GPU_PARTITION = "gpu # sbatch -p for GPU rules` is not NAME = value (Python); '
+     'write e.g. GPU_PARTITION = "gpu"'),
+    ("GPU_MODEL = None", "GPU_MODL = None",
+     "SITE line `GPU_MODL = None` does not set one of CPU_PARTITION, GPU_PARTITION, ACCOUNT, "
+     "GPU_MODEL, GPU_CONSTRAINT, CPUS_PER_GPU; write NAME = value"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("old", "new", "expect"), SITE_CASES, ids=[c[1] for c in SITE_CASES])
+def test_a_wrong_site_value_is_one_line_saying_how_to_write_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], old: str, new: str, expect: str
+) -> None:
+    """As Snakemake evaluates the profile (YTE), one line on stderr and exit 1."""
+    folder = _slurm_profile_with(tmp_path, old, new)
+    with pytest.raises(SystemExit) as stop:
+        yte.process_yaml((folder / "config.yaml").read_text())
+    assert stop.value.code == 1
+    assert capsys.readouterr().err.splitlines() == [SLURM_LABEL + expect]

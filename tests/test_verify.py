@@ -11,6 +11,7 @@ import pytest
 
 from plantbench import config, io
 from plantbench.cli import build_parser, main
+from plantbench.errors import ArtifactError
 from plantbench.hashing import hash_file
 from plantbench.ops import verify
 from plantbench.paths import Paths
@@ -63,17 +64,164 @@ def test_rebuilt_upstream_breaks_lineage(run_copy):
     assert st["stream/A (lineage)"] == "FAIL"
 
 
-def test_reference_roundtrip(run_copy, tmp_path):
-    cfg, _ = run_copy
-    ref_dir = tmp_path / "ref"
-    verify.write_reference(cfg, Paths(cfg), "smoke", ref_dir)
-    st = statuses(verify.run(cfg, Paths(cfg), ref_dir=ref_dir))
+# --------------------------------------------------------------------------------------------
+# A reference is checked before it is believed (results/reference/<name>.json)
+# --------------------------------------------------------------------------------------------
+
+REFERENCE_FIX = re.compile(
+    r"; recover: restore it from git \(`git restore (\S+)`\) or rewrite it from a run you trust "
+    r"\(`plantbench verify -c (\S+) --write-reference (\S+)`\)$"
+)
+
+
+def _stand_ins(cfg):
+    """Tiny artifacts for what a reference records and the upstream lacks (pools, weights,
+    the causal table, hidden states), so that a reference can be written from the copy."""
+    paths = Paths(cfg)
+    for name in (*verify.PORTABLE, *verify.FLOAT_REFERENCED):
+        folder = paths.root / name
+        if not (folder / "meta.json").is_file():
+            folder.mkdir(parents=True)
+            (folder / "part.bin").write_bytes(name.encode())
+            io.write_meta(folder, verify.step_of(name).stage, ["part.bin"], config_hash="x")
+
+
+@pytest.fixture
+def referenced_run(run_copy, tmp_path):
+    """The copy with every referenced artifact, and a reference written from it."""
+    cfg, cfg_path = run_copy
+    _stand_ins(cfg)
+    ref_dir = tmp_path / "reference"
+    ref_dir.mkdir()
+    verify.write_reference(cfg, Paths(cfg), "mine", ref_dir)
+    return cfg, cfg_path, ref_dir / "mine.json"
+
+
+def _reference_lines(cfg, ref_path, edit=None):
+    if edit is not None:
+        ref = json.loads(ref_path.read_text())
+        edit(ref)
+        ref_path.write_text(json.dumps(ref))
+    checks = verify.run(cfg, Paths(cfg), ref_dir=ref_path.parent)
+    return [c for c in checks if c.artifact.startswith("reference")]
+
+
+def test_a_written_reference_is_whole_and_holds(referenced_run):
+    cfg, _, ref_path = referenced_run
+    lines = _reference_lines(cfg, ref_path)
+    assert sorted(c.artifact for c in lines) == sorted(
+        f"reference {n}" for n in (*verify.PORTABLE, *verify.FLOAT_REFERENCED)
+    )
+    assert {c.status for c in lines} == {"PASS"}
+
+
+def _drop(key):
+    return lambda ref: ref.pop(key)
+
+
+def _set(key, value):
+    return lambda ref: ref.__setitem__(key, value)
+
+
+def _hash(name, value):
+    return lambda ref: ref["hashes"].__setitem__(name, value)
+
+
+MALFORMED = [
+    ("empty-hashes", _set("hashes", {}), "'hashes' is empty"),
+    ("null-hash", _hash("facts", None), "hashes['facts'] is null"),
+    ("empty-hash", _hash("stream/A", ""), "hashes['stream/A'] is empty"),
+    ("not-a-hash", _hash("corpus", 7), "hashes['corpus'] is 7, not an xxh3 hash (32 hex digits)"),
+    (
+        "artifact-left-out",
+        lambda ref: ref["hashes"].pop("models/A"),
+        "'hashes' lacks models/A (a reference records every one of "
+        + ", ".join((*verify.PORTABLE, *verify.FLOAT_REFERENCED))
+        + ")",
+    ),
+    ("unknown-artifact", _hash("scores/bm25/A", "0" * 32), "'hashes' names scores/bm25/A"),
+    ("no-pinned", _drop("pinned"), "lacks the key 'pinned'"),
+    ("no-float-platforms", _drop("float_platforms"), "lacks the key 'float_platforms'"),
+    ("hashes-a-list", _set("hashes", ["facts"]), "'hashes' is a list, not a JSON object"),
+    ("name-a-number", _set("name", 3), "'name' is a number, not a string"),
+    (
+        "float-path-left-out",
+        lambda ref: ref["float_platforms"].pop("causal"),
+        "'float_platforms' lacks causal",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "edit", "problem"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_a_malformed_reference_is_one_fail_blaming_the_file(referenced_run, case, edit, problem):
+    """Never "all checks passed" without it, never advice to delete a good artifact."""
+    cfg, cfg_path, ref_path = referenced_run
+    lines = _reference_lines(cfg, ref_path, edit)
+    assert len(lines) == 1, verify.format_checks(lines)
+    line = lines[0]
+    assert (line.artifact, line.status) == ("reference", "FAIL")
+    assert line.detail.startswith(f"'{ref_path}' is malformed: {problem}")
+    restore, config_file, name = REFERENCE_FIX.search(line.detail).groups()
+    assert (restore, config_file, name) == (str(ref_path), str(cfg_path), "mine")
+    assert "delete" not in line.detail
+
+
+def test_a_corrupt_reference_names_the_file_and_the_fix(referenced_run):
+    cfg, cfg_path, ref_path = referenced_run
+    ref_path.write_text("{not json")
+    (line,) = _reference_lines(cfg, ref_path)
+    assert (line.artifact, line.status) == ("reference", "FAIL")
+    assert line.detail.startswith(f"'{ref_path}' is malformed: not JSON;")
+    assert REFERENCE_FIX.search(line.detail) and "delete" not in line.detail
+
+
+def test_reference_roundtrip(referenced_run):
+    cfg, _, ref_path = referenced_run
+    st = statuses(_reference_lines(cfg, ref_path))
     assert st["reference facts"] == "PASS" and st["reference stream/A"] == "PASS"
-    ref = json.loads((ref_dir / "smoke.json").read_text())
-    ref["hashes"]["facts"] = "f" * 32
-    (ref_dir / "smoke.json").write_text(json.dumps(ref))
-    st = statuses(verify.run(cfg, Paths(cfg), ref_dir=ref_dir))
+    st = statuses(_reference_lines(cfg, ref_path, _hash("facts", "f" * 32)))
     assert st["reference facts"] == "FAIL"
+
+
+def test_the_prefix_is_referenced_only_with_a_prefix(run_copy):
+    cfg, _ = run_copy
+    assert "models/prefix" in verify.referenced(cfg)
+    cfg = config.deep_merge(cfg, {"train": {"prefix_steps": 0}})
+    assert "models/prefix" not in verify.referenced(cfg)
+    assert set(verify.referenced(cfg)) == {*verify.PORTABLE, *verify.FLOAT_REFERENCED} - {
+        "models/prefix"
+    }
+
+
+def test_a_reference_is_written_only_from_a_whole_run(run_copy, tmp_path):
+    cfg, _ = run_copy
+    with pytest.raises(ArtifactError, match=r"cannot write reference 'mine': the run lacks pool/A"):
+        verify.write_reference(cfg, Paths(cfg), "mine", tmp_path)
+    assert not (tmp_path / "mine.json").exists()
+
+
+def test_an_intact_artifact_that_differs_is_not_to_be_deleted(referenced_run):
+    """Its files match its meta.json: the difference is the config, packages or float path."""
+    cfg, _, ref_path = referenced_run
+    lines = _reference_lines(cfg, ref_path, _hash("tokenizer", "0" * 32))
+    line = next(c for c in lines if c.artifact == "reference tokenizer")
+    folder = Paths(cfg).tokenizer
+    assert line.status == "FAIL" and "delete" not in line.detail
+    assert line.detail.endswith(
+        f"; '{folder}' is intact (its files match its meta.json): the difference comes from the "
+        "config, the installed packages or the float path, not from damage; install the pinned "
+        "packages (`pip install -c constraints.txt -e .`)"
+    )
+
+
+def test_a_damaged_artifact_that_differs_is_rebuilt(referenced_run):
+    cfg, _, ref_path = referenced_run
+    folder = Paths(cfg).tokenizer
+    (folder / "tokenizer.json").write_text("{}")
+    lines = _reference_lines(cfg, ref_path, _hash("tokenizer", "0" * 32))
+    line = next(c for c in lines if c.artifact == "reference tokenizer")
+    assert line.status == "FAIL"
+    assert RECOVERY.search(line.detail).group(1) == str(folder)
 
 
 def test_committed_smoke_reference_matches(smoke_stream):

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from plantbench import __version__, layout
+from plantbench import __version__, layout, userpaths
 from plantbench import config as config_mod
 from plantbench.errors import (
     EXIT_PREEMPTED,
@@ -23,6 +23,7 @@ from plantbench.errors import (
 from plantbench.paths import MODELS, Paths
 
 log = logging.getLogger("plantbench")
+BENCH_FOLDER = "a run's benchmarks folder"
 
 
 def _load_cfg(args: argparse.Namespace) -> dict[str, Any]:
@@ -36,7 +37,27 @@ def _load_cfg(args: argparse.Namespace) -> dict[str, Any]:
         from plantbench.replicates import select
 
         cfg = select(cfg, args.replicate)
+    _check_lineage(args, cfg)
     return cfg
+
+
+# steps that judge every artifact themselves (verify) or read none (bench)
+_OWN_LINEAGE = ("verify", "bench")
+
+
+def _check_lineage(args: argparse.Namespace, cfg: dict[str, Any]) -> None:
+    """A workflow step: its readers refuse inputs made under other config values than
+    ``cfg``'s, and what it writes records ``cfg``'s values."""
+    from plantbench import lineage, stages
+
+    rule = stages.rule_of_command(
+        args.command,
+        queries=bool(getattr(args, "queries", False)),
+        checkpoint=getattr(args, "checkpoint", None),
+    )
+    if rule is None or rule in _OWN_LINEAGE:
+        return
+    lineage.begin(cfg, rule)
 
 
 def cmd_config(args: argparse.Namespace) -> None:
@@ -250,7 +271,7 @@ def cmd_embed_shared(args: argparse.Namespace) -> None:
 def cmd_methods(args: argparse.Namespace) -> None:
     from plantbench.attribution.methods import registry
 
-    if args.configfile or Path("config.yaml").is_file():
+    if args.configfile or userpaths.problem("config.yaml", userpaths.FILE) != userpaths.MISSING:
         registry.load_plugins(_load_cfg(args))
     for name, desc in registry.describe():
         print(f"{name:<18} {desc}")
@@ -381,6 +402,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     if args.measured is not None:
         from plantbench.ops import plan_measured
 
+        userpaths.check(args.measured, userpaths.FOLDER, "--measured", BENCH_FOLDER)
         out = plan_measured.write(cfg, args.measured)
         print(f"\n{out.read_text()}plan against measurement -> {out}")
 
@@ -400,6 +422,8 @@ def cmd_timeline(args: argparse.Namespace) -> None:
 
     cfg = _load_cfg(args)
     folder = Paths(cfg).benchmarks
+    if args.before is not None:
+        userpaths.check(args.before, userpaths.FOLDER, "--before", BENCH_FOLDER)
     out = timeline.write(folder, before=args.before)
     if out is None:
         raise PlantbenchError(f"no benchmark files in '{folder}'; run the workflow first")
@@ -820,6 +844,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # disk full, permission denied, ...: no traceback, no partial file
         print(f"plantbench: error: {describe_os_error(exc, args.command)}", file=sys.stderr)
         return 2
+    finally:
+        from plantbench import lineage
+
+        lineage.end()  # a call from Python: the next step declares itself
     if argv is None and not sys.stderr.isatty():  # a step's log: its exact peak memory, last
         from plantbench.process import report_peak
 

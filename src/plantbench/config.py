@@ -11,6 +11,7 @@ import copy
 import json
 import os
 import re
+import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -21,7 +22,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from plantbench import layout
+from plantbench import layout, userpaths
 from plantbench.errors import ConfigError
 from plantbench.hashing import hash_bytes
 
@@ -398,14 +399,12 @@ def _defines_score(tree: ast.Module) -> bool:
     return False
 
 
+PLUGIN_FILE = "the plug-in's .py file"
+
+
 def _check_plugin_file(key: str, path: str) -> None:
     """A plug-in is an existing Python file with a top-level ``score`` (read, not run)."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise ConfigError(
-            f"config key '{key}' = '{path}' does not exist (relative paths start at the working "
-            "directory); give the path of the plug-in's .py file"
-        )
+    p = userpaths.check(path, userpaths.FILE, userpaths.config_key(key), PLUGIN_FILE)
     if p.suffix != ".py":
         raise ConfigError(
             f"config key '{key}' = '{path}' is not a Python file; give the path of a .py file"
@@ -493,15 +492,23 @@ def check_results_location(results: str | Path) -> None:
     below it. The repository's
     own ``results/`` (README.md and reference/ only) is not a run."""
     root = Path(results).expanduser().resolve()
-    blocker = next((p for p in root.parents if p.exists() and not p.is_dir()), None)
+    is_file = (
+        p for p in root.parents if userpaths.problem(p, userpaths.FOLDER) == userpaths.IS_FILE
+    )
+    blocker = next(is_file, None)
     if blocker is not None:
         raise ConfigError(
             f"config key 'results' = '{results}' lies under '{_shown(blocker)}', which is a file, "
             "not a folder; choose a results folder whose parents are folders"
         )
-    if root.exists() and not root.is_dir():
+    if userpaths.problem(root, userpaths.FOLDER) == userpaths.IS_FILE:
         raise ConfigError(
-            f"config key 'results' = '{results}' is a file; give a folder for the outputs"
+            userpaths.message(
+                results,
+                userpaths.IS_FILE,
+                userpaths.config_key("results"),
+                "a folder for the outputs",
+            )
         )
     for parent in root.parents:
         if _is_run_folder(parent):
@@ -538,12 +545,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 def _file_text(path: Path) -> str:
     """The text of the config file ``path``, or one line saying why it cannot be read."""
-    if path.is_dir():
-        raise ConfigError(f"config file '{path}' is a folder; pass the path of a YAML file")
-    if not path.is_file():
-        raise ConfigError(f"config file '{path}' does not exist; pass an existing --configfile")
+    readable = userpaths.check(path, userpaths.FILE, "config file", "a YAML config file")
     try:
-        return path.read_bytes().decode("utf-8")
+        return readable.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"config file '{path}' is not UTF-8 text (byte {exc.start}); save it as UTF-8"
@@ -608,15 +612,59 @@ def _retyped(value: Any, raw: Any) -> Any:
     return value
 
 
+# the Snakefile's ``configfile:``, which Snakemake looks for in the working directory (-d)
+WORKFLOW_CONFIG = "config.yaml"
+_WORKFLOW_CONFIG_LINE = re.compile(
+    rf"^configfile:\s*[\"']{re.escape(WORKFLOW_CONFIG)}[\"']\s*$", re.M
+)
+
+
+def _copy_command(workdir: Path) -> str:
+    from plantbench.paths import CHECKOUT
+
+    return f"cp {shlex.quote(str(CHECKOUT / WORKFLOW_CONFIG))} {shlex.quote(str(workdir))}"
+
+
+def _workflow_config_problem(
+    workdir: Path, cause: str = userpaths.MISSING, lacking: Sequence[str] = ()
+) -> str:
+    """The workflow's config file cannot be read in ``workdir``: which file, where, why, and
+    the fix (where --configfile files were given instead: the top-level keys they leave out)."""
+    from plantbench.paths import CHECKOUT
+
+    copy = f"copy the checkout's config.yaml there ({_copy_command(workdir)})"
+    fix = f"{copy} or pass --configfile FILE"
+    if lacking:
+        more = f" (and {len(lacking) - 1} more)" if len(lacking) > 1 else ""
+        first = shlex.quote(str(CHECKOUT / WORKFLOW_CONFIG))
+        fix = (
+            f"without it the config lacks '{lacking[0]}'{more}: {copy} or give it first: "
+            f"--configfile {first} FILE ..."
+        )
+    what = "the workflow's config file"
+    noun = "a YAML config file"
+    return userpaths.message(WORKFLOW_CONFIG, cause, what, noun, missing=fix, base=workdir)
+
+
+def _check_workflow_config(cfg: Mapping[str, Any]) -> None:
+    """Snakemake skips a missing workflow config file when --configfile is given: the keys it
+    gives are then missing, and the error names the file (not only the first key)."""
+    lacking = [k for k in schema()["required"] if k not in cfg]
+    if lacking and userpaths.problem(WORKFLOW_CONFIG, userpaths.FILE) == userpaths.MISSING:
+        raise ConfigError(_workflow_config_problem(Path.cwd(), lacking=lacking))
+
+
 def from_snakemake(
     config: Mapping[str, Any], files: list[str | Path], cli: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The Snakefile's config, read as the CLI reads it: every config file through
     :func:`read_file` (a key given twice is refused, not the last one kept), the values of
-    ``--config key={a: 10}`` typed as YAML, then :func:`validate`."""
+    ``--config key={a: 10}`` typed as YAML, then :func:`validate` (keys missing because the
+    workflow's config file is not in the working directory: one line naming that file)."""
     for f in files:
         read_file(f)
     typed = {k: _retyped(v, cli[k]) if k in cli else v for k, v in config.items()}
+    _check_workflow_config(typed)
     return validate(typed)
 
 
@@ -695,17 +743,41 @@ def check_configfile_flags(argv: Sequence[str]) -> None:
         )
 
 
+def check_workflow_config_present(argv: Sequence[str], configfiles: Sequence[str | Path]) -> None:
+    """The Snakefile's config file in the working directory (``-d``, default: here), which
+    Snakemake reads unless it is missing and --configfile is given: missing without
+    --configfile, a folder or unreadable, it would stop with a WorkflowError or a traceback that
+    names no fix. Only for a Snakefile that reads it (``configfile: "config.yaml"``), found as
+    Snakemake finds it."""
+    from snakemake.cli import get_argument_parser, resolve_snakefile
+
+    args = get_argument_parser().parse_known_args(list(argv))[0]
+    snakefile = resolve_snakefile(args.snakefile, allow_missing=True)
+    try:
+        text = "" if snakefile is None else Path(snakefile).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return  # Snakemake names a missing or unreadable Snakefile itself
+    workdir = Path(args.directory or ".").resolve()
+    cause = userpaths.problem(WORKFLOW_CONFIG, userpaths.FILE, base=workdir)
+    skipped = cause == userpaths.MISSING and bool(configfiles)
+    if cause is not None and not skipped and _WORKFLOW_CONFIG_LINE.search(text):
+        raise ConfigError(_workflow_config_problem(workdir, cause))
+
+
 def exit_on_bad_snakemake_args(
     config: Sequence[str] | None,
     configfiles: Sequence[str | Path],
     argv: Sequence[str] | None = None,
 ) -> None:
     """:func:`check_snakemake_args` for the workflow profile (profiles/default), which Snakemake
-    evaluates while it parses its command line: the error as the Snakefile prints it, and exit 1.
-    ``argv``: the raw command line (default ``sys.argv[1:]``), for :func:`check_configfile_flags`."""
+    evaluates while it parses its command line: the error as the Snakefile prints it, and exit 1;
+    also :func:`check_workflow_config_present`. ``argv``: the raw command line (default
+    ``sys.argv[1:]``), for :func:`check_configfile_flags` and the working directory (``-d``)."""
+    argv = sys.argv[1:] if argv is None else argv
     try:
         check_snakemake_args(config, configfiles)
-        check_configfile_flags(sys.argv[1:] if argv is None else argv)
+        check_configfile_flags(argv)
+        check_workflow_config_present(argv, configfiles)
     except ConfigError as exc:
         print(f"plantbench: config error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None

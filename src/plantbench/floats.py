@@ -55,6 +55,30 @@ def _cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
     return set(m.group(1).split()) if m else set()
 
 
+# instruction sets past the pin that a library may still reach on its own (oneDNN's AMX and
+# AVX-512 FP16 kernels, MKL's per-processor paths): recorded, so two machines' paths can be told
+_ISA_FLAGS = ("avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
+
+
+def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """The CPU's vendor, family and model (``/proc/cpuinfo``'s first processor) and the
+    instruction sets beyond the pin it offers: what tells an Intel float path from an AMD one."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return {}
+    first = text.split("\n\n", 1)[0]
+    fields = dict(
+        (k.strip(), v.strip()) for k, _, v in (ln.partition(":") for ln in first.splitlines())
+    )
+    flags = set(fields.get("flags", "").split())
+    return {
+        "cpu_vendor": fields.get("vendor_id", "unknown"),
+        "cpu_family": f"{fields.get('cpu family', '?')}/{fields.get('model', '?')}",
+        "cpu_isa": ",".join(f for f in _ISA_FLAGS if f in flags) or "none",
+    }
+
+
 def branch_for(machine: str, flags: set[str]) -> str | None:
     """The pin for this CPU: ``avx2`` with AVX2 and FMA, ``default`` on other x86-64 CPUs, None
     (nothing to pin) off x86-64."""
@@ -130,6 +154,7 @@ def record() -> dict[str, Any]:
     torch = sys.modules.get("torch")
     if torch is None:
         return rec
+    rec.update(cpu_identity())
     rec.update(
         torch=torch.__version__,
         cpu_capability=torch.backends.cpu.get_cpu_capability(),
@@ -144,7 +169,9 @@ def record() -> dict[str, Any]:
     return rec
 
 
-FLOAT_KEYS = ("torch", "cpu_capability", "blas", "mkl_cbwr", "threads", "device")
+# a float hash is compared only where these agree (an Intel and an AMD CPU under the same pin
+# part: docs/reproducibility.md)
+FLOAT_KEYS = ("torch", "cpu_vendor", "cpu_capability", "blas", "mkl_cbwr", "threads", "device")
 
 
 def differences(made: dict[str, Any], reference: dict[str, Any]) -> list[str]:

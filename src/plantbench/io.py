@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from plantbench import __version__, floats
+from plantbench import __version__, floats, lineage
 from plantbench.errors import ArtifactError
 from plantbench.hashing import hash_bytes, hash_file
 
@@ -173,6 +173,8 @@ def write_meta(
         "info": dict(info or {}),
         "platform": floats.record(),
     }
+    if lineage.current() is not None:  # the config values it was made under (a workflow step)
+        meta[lineage.KEY] = lineage.current()
     write_json(folder / META, meta)
     return meta
 
@@ -195,6 +197,7 @@ def read_meta(folder: str | Path, stage: str, *, verify: bool = True) -> dict[st
         raise ArtifactError(
             f"'{path}' describes a '{meta.get('stage')}' artifact, expected '{stage}'"
         )
+    lineage.check_read(meta, folder)
     if verify:
         for name, expected in meta["files"].items():
             f = folder / name

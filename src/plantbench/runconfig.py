@@ -8,7 +8,7 @@ named by the xxh3 of its content, and every job of that run reads that file. Ano
 with other settings writes another file and cannot touch this run's. ``<results>/config.json``
 is a copy for people (``plantbench verify -c results/config.json``); no job reads it.
 
-Which config a rule depends on is :data:`RULE_SECTIONS`: top-level sections or single keys
+Which config a rule depends on is :data:`RULE_SECTIONS` (the sections of :mod:`plantbench.stages`): top-level sections or single keys
 (``train.steps``; ``analysis.haystack?``: an optional key, hashed only when the config sets it,
 so adding the key with its default value reruns nothing else). Their hash is the rule's ``params`` entry, so a change reruns exactly the rules
 that use it (changing ``train.lr`` retrains, it does not rebuild the stream).
@@ -17,6 +17,7 @@ that use it (changing ``train.lr`` retrains, it does not rebuild the stream).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,57 +25,13 @@ from typing import Any
 from plantbench.config import canonical_json, config_hash
 from plantbench.errors import ConfigError
 from plantbench.hashing import hash_bytes
+from plantbench.stages import ALL, STAGES
 
 RUN_DIR = ".plantbench"  # hidden: verify and the stage folders ignore it
 
-_ALL = ("*",)
-RULE_SECTIONS: dict[str, tuple[str, ...]] = {
-    "facts": ("seed", "facts"),
-    "corpus": ("seed", "corpus"),
-    "tokenizer": ("seed", "corpus", "tokenizer"),
-    "stream": (
-        "seed",
-        "facts",
-        "corpus",
-        "tokenizer",
-        "stream",
-        "train.steps",
-        "train.batch_windows",
-        "train.prefix_steps?",
-        "causal.context_segments?",
-    ),
-    "pretrain_prefix": ("seed", "model", "train"),
-    "pretrain": ("seed", "model", "train"),
-    "causal": ("causal",),
-    "reading": ("causal",),
-    "pool": ("seed", "pool"),
-    "grads_pool": ("features",),
-    "grads_queries": ("features",),
-    "curvature": ("features", "curvature"),
-    "hidden": ("features",),
-    "embed": ("features",),
-    "embed_shared": ("features",),
-    "score": ("scoring", "features", "curvature", "analysis.haystack?"),
-    "ekfac": ("features.batch_windows", "curvature.damping_ratio"),
-    "ekfac_tracin": ("features.batch_windows", "curvature.damping_ratio"),
-    "trackstar": ("features",),
-    "fidelity": ("features", "curvature", "fidelity?"),  # + its gradient methods (params)
-    "analysis": ("analysis", "methods"),
-    "context_build": ("seed", "context?", "causal.context_segments?"),
-    "context_attribute": ("seed", "context?", "causal.context_segments?"),
-    "context_analysis": ("seed", "context?", "causal.context_segments?"),
-    "grounding_build": ("seed", "grounding?"),
-    "grounding_respond": ("seed", "grounding?"),
-    "grounding_analysis": ("seed", "grounding?"),
-    "membership_samples": ("seed", "membership?"),
-    "membership_detect": ("seed", "membership?", "features.encoder"),
-    "membership_analysis": ("seed", "membership?"),
-    "replicates": ("replicates?", "analysis", "methods"),
-    "report": _ALL,
-    "verify": _ALL,
-    "bench": _ALL,
-    "export": _ALL,
-}
+_ALL = ALL
+# the config keys each rule depends on: the stage catalogue's sections
+RULE_SECTIONS: dict[str, tuple[str, ...]] = {s.rule: s.sections for s in STAGES}
 
 
 def job_config_path(cfg: Mapping[str, Any]) -> Path:
@@ -82,18 +39,68 @@ def job_config_path(cfg: Mapping[str, Any]) -> Path:
     return Path(cfg["results"]) / RUN_DIR / "config" / f"{config_hash(cfg)}.json"
 
 
+def startup_write(path: Path, text: str) -> bool:
+    """Write ``text`` to ``path`` unless it already holds it (True: written). A write that fails
+    (a full disk, a read-only results folder) is one line naming the file, the cause and the fix,
+    not a traceback from a rules file."""
+    from plantbench import io
+    from plantbench.errors import PlantbenchError, describe_os_error
+
+    try:
+        if path.is_file() and path.read_text(encoding="utf-8") == text:
+            return False
+        io.write_text(path, text)
+    except OSError as exc:
+        exc.filename = exc.filename or str(path)
+        raise PlantbenchError(describe_os_error(exc, "the workflow's start-up")) from None
+    return True
+
+
 def write_run_config(cfg: Mapping[str, Any]) -> Path:
     """Write the run's job config (once; it never changes) and the human copy ``config.json``."""
     from plantbench import io
 
     path = job_config_path(cfg)
-    if not path.is_file():
-        io.write_json(path, cfg)
-    human = Path(cfg["results"]) / "config.json"
     text = io.dumps_json(cfg)
-    if not human.is_file() or human.read_text(encoding="utf-8") != text:
-        io.write_text(human, text)
+    if not path.is_file():
+        startup_write(path, text)
+    startup_write(Path(cfg["results"]) / "config.json", text)
     return path
+
+
+def sections_path(cfg: Mapping[str, Any], rule: str) -> Path:
+    """The file that stands for ``rule``'s config values in the job graph (an input of the
+    rule: see :func:`write_sections`)."""
+    return Path(cfg["results"]) / RUN_DIR / "sections" / f"{rule}.json"
+
+
+def write_sections(cfg: Mapping[str, Any]) -> list[str]:
+    """For every rule, write the config values its outputs depend on to :func:`sections_path`
+    when they differ from what the file holds; returns the rules whose file changed.
+
+    Each rule reads its file as an input, so Snakemake sees a config change through the file's
+    time like any newer input: a results folder copied without Snakemake's metadata
+    (``.snakemake/``) still reruns exactly the rules a change touches. Written when the workflow
+    is parsed (a dry run too: the job list it shows is then the one a run will do); a file whose
+    values are those the rule's newest artifact records gets a time that makes nothing look out
+    of date (a dry run of another config, then a run of the config the artifacts were made
+    under, reruns nothing)."""
+    from plantbench import io, lineage
+    from plantbench.paths import Paths
+
+    paths, changed = Paths(dict(cfg)), []
+    for rule in RULE_SECTIONS:
+        values = lineage.config_values(cfg, rule)
+        doc = {"rule": rule, "params": rule_sections(cfg, rule), "config": values}
+        path = sections_path(cfg, rule)
+        if startup_write(path, io.dumps_json(doc)):
+            changed.append(rule)
+            newest = lineage.newest_record(paths, rule)
+            if newest is None or newest.get("config") == values:
+                # the rule's newest artifact was made under these values (a dry run of another
+                # config came in between): the file must not make it look out of date
+                os.utime(path, (1, 1))
+    return changed
 
 
 def check_job_config(path: Path, cfg: Mapping[str, Any]) -> None:
@@ -130,8 +137,8 @@ def _has(cfg: Mapping[str, Any], key: str) -> bool:
 def rule_sections(cfg: Mapping[str, Any], rule: str) -> str:
     """Hash of the config keys ``rule`` depends on (a rule's ``params``: a change reruns it)."""
     keys = RULE_SECTIONS[rule]
-    if keys == _ALL:
-        keys = tuple(sorted(cfg))
+    if keys == _ALL:  # every key but where the run is written (a moved folder reruns nothing)
+        keys = tuple(sorted(k for k in cfg if k != "results"))
     picked = {
         k.removesuffix("?"): _pick(cfg, k.removesuffix("?"))
         for k in keys

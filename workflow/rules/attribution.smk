@@ -8,6 +8,7 @@
 rule pool:
     input:
         stream=f"{RR}stream/{{model}}/meta.json",
+        sections=config_input("pool"),
     output:
         meta=f"{RR}pool/{{model}}/meta.json",
         table=f"{RR}pool/{{model}}/pool.parquet",
@@ -37,6 +38,7 @@ rule grads_pool:
     input:
         pool=rules.pool.output.meta,
         model=f"{RR}models/{{model}}/meta.json",
+        sections=config_input("grads_pool"),
     output:
         f"{FEAT}/{{model}}/grads/{{checkpoint}}/pool/shard_{{shard}}/shard.json",
     log:
@@ -67,6 +69,7 @@ rule grads_queries:
     input:
         facts=f"{R}/facts/meta.json",
         model=f"{RR}models/{{model}}/meta.json",
+        sections=config_input("grads_queries"),
     output:
         f"{FEAT}/{{model}}/grads/{{checkpoint}}/queries/shard.json",
     log:
@@ -92,6 +95,7 @@ rule grads_queries:
 rule curvature:
     input:
         shards=pool_shards,
+        sections=config_input("curvature"),
     output:
         npz=f"{FEAT}/{{model}}/curvature/{{checkpoint}}/curvature.npz",
         meta=f"{FEAT}/{{model}}/curvature/{{checkpoint}}/meta.json",
@@ -122,6 +126,7 @@ rule hidden:
         facts=f"{R}/facts/meta.json",
         tokenizer=rules.tokenizer.output.meta,
         model=f"{RR}models/{{model}}/meta.json",
+        sections=config_input("hidden"),
     output:
         f"{FEAT}/{{model}}/hidden/meta.json",
     log:
@@ -149,6 +154,7 @@ rule embed_shared:
         pools=expand("{R}/{{rep}}pool/{model}/meta.json", R=R, model=MODELS),
         facts=f"{R}/facts/meta.json",
         tokenizer=rules.tokenizer.output.meta,
+        sections=config_input("embed_shared"),
     output:
         f"{FEAT}/shared/embed/meta.json",
     log:
@@ -178,6 +184,7 @@ rule embed:
         shared=rules.embed_shared.output,
         facts=f"{R}/facts/meta.json",
         tokenizer=rules.tokenizer.output.meta,
+        sections=config_input("embed"),
     output:
         f"{FEAT}/{{model}}/embed/meta.json",
     log:
@@ -206,6 +213,7 @@ rule score:
         model=f"{RR}models/{{model}}/meta.json",
         features=method_inputs,
         code=method_code,
+        sections=config_input("score"),
     output:
         f"{RR}scores/{{method}}/{{model}}/meta.json",
     log:
@@ -240,6 +248,7 @@ rule ekfac:
         facts=f"{R}/facts/meta.json",
         tokenizer=rules.tokenizer.output.meta,
         model=f"{RR}models/{{model}}/meta.json",
+        sections=config_input("ekfac"),
     output:
         f"{FEAT}/{{model}}/ekfac/meta.json",
     log:
@@ -272,6 +281,7 @@ rule ekfac_tracin:
         facts=f"{R}/facts/meta.json",
         tokenizer=rules.tokenizer.output.meta,
         model=f"{RR}models/{{model}}/meta.json",
+        sections=config_input("ekfac_tracin"),
     output:
         f"{FEAT}/{{model}}/ekfac_tracin/{{checkpoint}}/meta.json",
     log:
@@ -303,6 +313,7 @@ rule trackstar:
         facts=f"{R}/facts/meta.json",
         tokenizer=rules.tokenizer.output.meta,
         model=f"{RR}models/{{model}}/meta.json",
+        sections=config_input("trackstar"),
     output:
         f"{FEAT}/{{model}}/trackstar/meta.json",
     log:
@@ -331,6 +342,7 @@ rule fidelity:
         tokenizer=rules.tokenizer.output.meta,
         model=f"{RR}models/{{model}}/meta.json",
         features=fidelity_inputs,
+        sections=config_input("fidelity"),
     output:
         f"{RR}fidelity/{{model}}/meta.json",
     log:

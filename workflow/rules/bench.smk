@@ -4,6 +4,8 @@
 
 
 rule bench:
+    input:
+        sections=config_input("bench"),
     output:
         csv=f"{R}/benchmarks/benchmarks.csv",
         profile=f"{R}/benchmarks/train_profile.txt",

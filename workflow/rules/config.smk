@@ -29,6 +29,16 @@ except _pberrors.ConfigError as _exc:
 
 R = config["results"]
 
+try:
+    # each rule's config values as a file it reads (plantbench.runconfig.write_sections): a
+    # change reaches Snakemake through the file's time, with or without .snakemake/ metadata
+    _changed = _pbrun.write_sections(config)
+except _pberrors.PlantbenchError as _exc:  # a full or read-only results disk: one line
+    print(f"plantbench: error: {_exc}", file=sys.stderr, flush=True)
+    raise SystemExit(1) from None
+if _changed and len(_changed) < len(_pbrun.RULE_SECTIONS):
+    logger.info(f"plantbench: config changed for: {', '.join(_changed)}")
+
 # The checkout this workflow runs from (also when another workflow uses it as a module):
 # envs/plantbench.post-deploy.sh installs the package from it into the `--sdm conda` env.
 _HERE = workflow.current_basedir.get_path_or_uri(secret_free=True)  # .../workflow/rules
@@ -66,7 +76,17 @@ RUN_CONFIG = str(_pbrun.job_config_path(config))
 
 
 onstart:
-    _pbrun.write_run_config(config)
+    _write_run_config()
+
+
+def _write_run_config() -> None:
+    try:
+        _pbrun.write_run_config(config)
+    except (
+        _pberrors.PlantbenchError
+    ) as exc:  # a full results disk: one line, no traceback
+        print(f"plantbench: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 # A failed run ends with the failing rules, their logs and the logs' last lines (the cause).
@@ -134,6 +154,12 @@ def _report_failures() -> None:
 def sections(rule):
     """Hash of the config keys ``rule`` depends on (its params: a change reruns it)."""
     return _pbrun.rule_sections(config, rule)
+
+
+def config_input(rule):
+    """The file holding the config values ``rule`` depends on (an input: written at parse time
+    when they change, so the rule reruns without Snakemake's metadata too)."""
+    return str(_pbrun.sections_path(config, rule))
 
 
 # Data steps stream the text (src/plantbench/data/corpus.py, tokenizer.py, stream.py): their memory

@@ -8,6 +8,7 @@ rule context_build:
         facts=f"{R}/facts/meta.json",
         causal=f"{R}/causal/meta.json",
         tokenizer=f"{R}/tokenizer/meta.json",
+        sections=config_input("context_build"),
     output:
         f"{R}/context/contexts/meta.json",
     log:
@@ -33,6 +34,7 @@ rule context_attribute:
     input:
         contexts=f"{R}/context/contexts/meta.json",
         model=f"{R}/models/{{model}}/meta.json",
+        sections=config_input("context_attribute"),
     output:
         f"{R}/context/{{model}}/meta.json",
     log:
@@ -58,6 +60,7 @@ rule context_attribute:
 rule context_analysis:
     input:
         expand("{R}/context/{model}/meta.json", R=R, model=MODELS),
+        sections=config_input("context_analysis"),
     output:
         meta=f"{R}/context/analysis/meta.json",
         table1=report(

@@ -2,6 +2,8 @@
 
 
 rule facts:
+    input:
+        sections=config_input("facts"),
     output:
         meta=f"{R}/facts/meta.json",
         tables=expand(
@@ -28,6 +30,8 @@ rule facts:
 
 
 rule corpus:
+    input:
+        sections=config_input("corpus"),
     output:
         meta=f"{R}/corpus/meta.json",
         table=f"{R}/corpus/corpus.parquet",
@@ -52,6 +56,7 @@ rule corpus:
 rule tokenizer:
     input:
         corpus=rules.corpus.output.meta,
+        sections=config_input("tokenizer"),
     output:
         meta=f"{R}/tokenizer/meta.json",
     log:
@@ -77,6 +82,7 @@ rule stream:
         facts=rules.facts.output.meta,
         corpus=rules.corpus.output.meta,
         tokenizer=rules.tokenizer.output.meta,
+        sections=config_input("stream"),
     output:
         meta=expand("{R}/{{rep}}stream/{model}/meta.json", R=R, model=MODELS),
         tokens=expand("{R}/{{rep}}stream/{model}/tokens.bin", R=R, model=MODELS),

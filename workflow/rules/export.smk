@@ -12,6 +12,7 @@ rule export:
         pools=expand("{R}/pool/{model}/meta.json", R=R, model=MODELS),
         models=expand("{R}/models/{model}/meta.json", R=R, model=MODELS),
         scores=all_scores(""),  # replicate 0
+        sections=config_input("export"),
     output:
         f"{R}/export/meta.json",
     log:

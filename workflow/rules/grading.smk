@@ -8,6 +8,7 @@ rule analysis:
     input:
         causal=f"{RR}causal/meta.json",
         scores=all_scores(),
+        sections=config_input("analysis"),
     output:
         meta=f"{RR}analysis/meta.json",
         retrieval=report(
@@ -61,6 +62,7 @@ rule analysis:
 rule replicates:
     input:
         expand("{R}/{rep}analysis/meta.json", R=R, rep=REPS),
+        sections=config_input("replicates"),
     output:
         meta=f"{R}/replicates/summary/meta.json",
         tables=expand(

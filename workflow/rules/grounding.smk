@@ -8,6 +8,7 @@ rule grounding_build:
         facts=f"{R}/facts/meta.json",
         causal=f"{R}/causal/meta.json",
         tokenizer=f"{R}/tokenizer/meta.json",
+        sections=config_input("grounding_build"),
     output:
         f"{R}/grounding/contexts/meta.json",
     log:
@@ -33,6 +34,7 @@ rule grounding_respond:
     input:
         contexts=f"{R}/grounding/contexts/meta.json",
         model=f"{R}/models/{{model}}/meta.json",
+        sections=config_input("grounding_respond"),
     output:
         f"{R}/grounding/{{model}}/meta.json",
     log:
@@ -56,6 +58,7 @@ rule grounding_respond:
 rule grounding_analysis:
     input:
         expand("{R}/grounding/{model}/meta.json", R=R, model=MODELS),
+        sections=config_input("grounding_analysis"),
     output:
         meta=f"{R}/grounding/analysis/meta.json",
         ck=report(

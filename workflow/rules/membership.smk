@@ -7,6 +7,7 @@ rule membership_samples:
     input:
         facts=f"{R}/facts/meta.json",
         causal=f"{R}/causal/meta.json",
+        sections=config_input("membership_samples"),
     output:
         f"{R}/membership/samples/meta.json",
     log:
@@ -34,6 +35,7 @@ rule membership_detect:
         samples=f"{R}/membership/samples/meta.json",
         model=f"{R}/models/{{model}}/meta.json",
         tokenizer=f"{R}/tokenizer/meta.json",
+        sections=config_input("membership_detect"),
     output:
         f"{R}/membership/{{model}}/meta.json",
     log:
@@ -59,6 +61,7 @@ rule membership_detect:
 rule membership_analysis:
     input:
         expand("{R}/membership/{model}/meta.json", R=R, model=MODELS),
+        sections=config_input("membership_analysis"),
     output:
         meta=f"{R}/membership/analysis/meta.json",
         table1=report(

@@ -10,6 +10,7 @@ rule pretrain_prefix:
     input:
         streams=expand("{R}/{{rep}}stream/{model}/meta.json", R=R, model=MODELS),
         tokenizer=rules.tokenizer.output.meta,
+        sections=config_input("pretrain_prefix"),
     output:
         meta=f"{RR}models/prefix/meta.json",
     log:
@@ -38,6 +39,7 @@ rule pretrain:
         stream=f"{RR}stream/{{model}}/meta.json",
         tokenizer=rules.tokenizer.output.meta,
         prefix=prefix_input,
+        sections=config_input("pretrain"),
     output:
         meta=f"{RR}models/{{model}}/meta.json",
         loss=f"{RR}models/{{model}}/loss.csv",

@@ -14,6 +14,7 @@ rule report:
         context=f"{R}/context/analysis/meta.json",
         grounding=f"{R}/grounding/analysis/meta.json",
         membership=f"{R}/membership/analysis/meta.json",
+        sections=config_input("report"),
     output:
         meta=f"{R}/report/meta.json",
         report=f"{R}/report/report.md",

@@ -7,6 +7,7 @@ rule causal:
     input:
         facts=rules.facts.output.meta,
         models=expand("{R}/{{rep}}models/{model}/meta.json", R=R, model=MODELS),
+        sections=config_input("causal"),
     output:
         meta=f"{RR}causal/meta.json",
         facts=f"{RR}causal/facts.parquet",
@@ -34,6 +35,7 @@ rule reading:
     input:
         facts=rules.facts.output.meta,
         models=expand("{R}/{{rep}}models/{model}/meta.json", R=R, model=MODELS),
+        sections=config_input("reading"),
     output:
         meta=f"{RR}reading/meta.json",
     log:

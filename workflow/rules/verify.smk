@@ -4,6 +4,7 @@
 rule verify:
     input:
         report=f"{R}/report/report.md",
+        sections=config_input("verify"),
     output:
         f"{R}/verify.txt",
     log:

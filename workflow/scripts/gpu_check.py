@@ -238,6 +238,26 @@ def study_devices(results: Path) -> dict[str, str]:
     return out
 
 
+def study_verdict(results: Path, env: dict[str, str]) -> dict[str, Any]:
+    """``plantbench verify`` on the finished study: its exit code, the verdict against the
+    committed reference (on a GPU the floats come from another platform, so the seeds' findings
+    decide), and the findings' verdict counts on this run."""
+    cmd = [sys.executable, "-m", "plantbench", "verify", "-c", str(results / "config.json")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.split()[1:2] == ["reproduction"]]
+    from plantbench import config
+    from plantbench.grading import findings
+    from plantbench.paths import Paths
+
+    cfg = config.load([results / "config.json"])
+    table = findings.evaluate_tables(findings.read_tables(cfg, Paths(cfg)))
+    return {
+        "verify_returncode": proc.returncode,
+        "reproduction": lines[-1] if lines else "(no reproduction line: no reference)",
+        "findings": findings.verdict_counts(table),
+    }
+
+
 def study_on_device(results: Path, cores: int) -> dict[str, Any]:
     """The smoke workflow into ``results`` with ``PLANTBENCH_DEVICE=cuda`` where torch sees a GPU:
     its seconds, return code, and the device each model artifact records."""
@@ -251,6 +271,7 @@ def study_on_device(results: Path, cores: int) -> dict[str, Any]:
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     devices = study_devices(results)
     return {
+        **(study_verdict(results, env) if proc.returncode == 0 else {}),
         "returncode": proc.returncode,
         "seconds": round(time.perf_counter() - t0, 1),
         "stderr_tail": proc.stderr[-2000:] if proc.returncode else "",

@@ -11,26 +11,41 @@ from pathlib import Path
 
 import numpy as np
 
-from plantbench import artifacts
+from plantbench import artifacts, userpaths
 from plantbench.errors import ConfigError
 from plantbench.hashing import hash_bytes
 from plantbench.model.modeling import compute_device
 
+KEY = userpaths.config_key("features.encoder")
+ENCODER_FOLDER = (
+    "a sentence-transformers model folder (or the name of an installed encoder package)"
+)
+
+
+def _looks_like_path(spec: str) -> bool:
+    given = userpaths.problem(spec, userpaths.ANY) != userpaths.MISSING  # something is there
+    return os.sep in spec or spec.startswith((".", "~")) or given
+
+
+def _model_folder(spec: str) -> Path:
+    """``spec`` as a local folder, checked as every path a user gives is, holding a model."""
+    path = userpaths.check(spec, userpaths.FOLDER, KEY, ENCODER_FOLDER)
+    if not ((path / "modules.json").is_file() or (path / "config.json").is_file()):
+        raise ConfigError(
+            f"features.encoder = '{spec}' is a folder but not a sentence-transformers model "
+            "(no modules.json or config.json)"
+        )
+    return path.resolve()
+
 
 def resolve_encoder(spec: str) -> Path:
-    """A sentence-transformers model folder from ``features.encoder``: an existing folder, or
-    an installed package that carries one (``get_model_path()`` or ``MODEL_DIR``)."""
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        if not ((path / "modules.json").is_file() or (path / "config.json").is_file()):
-            raise ConfigError(
-                f"features.encoder = '{spec}' is a folder but not a sentence-transformers model "
-                "(no modules.json or config.json)"
-            )
-        return path.resolve()
-    looks_like_path = os.sep in spec or spec.startswith((".", "~"))
+    """A sentence-transformers model folder from ``features.encoder``: a local folder (a
+    ``spec`` that names an existing path or looks like one), or an installed package that
+    carries one (``get_model_path()`` or ``MODEL_DIR``)."""
+    if _looks_like_path(spec):
+        return _model_folder(spec)
     module = spec.replace("-", "_")
-    if not looks_like_path and module.isidentifier():
+    if module.isidentifier():
         try:
             mod = importlib.import_module(module)
         except ImportError:

@@ -67,7 +67,7 @@ from typing import Any
 
 import pandas as pd
 
-from plantbench import io
+from plantbench import io, userpaths
 from plantbench.config import config_hash
 from plantbench.errors import ArtifactError, PlantbenchError
 from plantbench.hashing import hash_bytes
@@ -192,21 +192,36 @@ def _err(index: int, src: dict[str, Any], msg: str) -> PlantbenchError:
     return PlantbenchError(f"{where}: {msg}")
 
 
+# what the path of each kind of source must be (userpaths.check): a file or a folder of them,
+# or the folder that datasets' save_to_disk writes
+SOURCE_PATHS: dict[str, tuple[userpaths.Kind, str]] = {
+    "text": (userpaths.ANY, "a .txt file or a folder of them"),
+    "jsonl": (userpaths.ANY, "a .jsonl file or a folder of them"),
+    "parquet": (userpaths.ANY, "a .parquet file or a folder of them"),
+    "datasets": (userpaths.FOLDER, "a folder written by datasets' save_to_disk"),
+}
+
+
+def _source_path(index: int, src: dict[str, Any]) -> Path:
+    """The source's path, checked as every path a user gives is (one line per cause)."""
+    kind, noun = SOURCE_PATHS.get(src["kind"], (userpaths.ANY, "a local file or folder"))
+    key = userpaths.config_key(f"corpus.sources.{index}.path")
+    return userpaths.check(src["path"], kind, key, noun)
+
+
 def _files(index: int, src: dict[str, Any], suffix: str) -> list[tuple[Path, str]]:
     """The files of a file-or-folder source, sorted, with their labels (config path based)."""
-    path = Path(src["path"])
+    path = _source_path(index, src)
     if path.is_file():
         return [(path, src["path"])]
-    if path.is_dir():
-        found = sorted(p for p in path.rglob(f"*{suffix}") if p.is_file())
-        if not found:
-            raise _err(
-                index,
-                src,
-                f"folder has no *{suffix} files; put {suffix} files in it or fix the path",
-            )
-        return [(p, (Path(src["path"]) / p.relative_to(path)).as_posix()) for p in found]
-    raise _err(index, src, "path does not exist; fix 'path' to point to a local file or folder")
+    found = sorted(p for p in path.rglob(f"*{suffix}") if p.is_file())
+    if not found:
+        raise _err(
+            index,
+            src,
+            f"folder has no *{suffix} files; put {suffix} files in it or fix the path",
+        )
+    return [(p, (Path(src["path"]) / p.relative_to(path)).as_posix()) for p in found]
 
 
 def _read_text_file(index: int, src: dict[str, Any], path: Path, label: str) -> str | None:
@@ -359,9 +374,7 @@ def _parquet_source(index: int, src: dict[str, Any]) -> Iterator[Raw]:
 
 def _datasets_source(index: int, src: dict[str, Any]) -> Iterator[Raw]:
     key = src.get("field", DEFAULT_FIELD)
-    path = Path(src["path"])
-    if not path.is_dir():
-        raise _err(index, src, "is not a folder; give a folder written by datasets' save_to_disk")
+    path = _source_path(index, src)
     import datasets
 
     try:
@@ -584,14 +597,14 @@ def _raw_docs(index: int, src: dict[str, Any], max_chars: int, skipped: _Skipped
 
 
 def _check_paths(sources: list[dict[str, Any]]) -> None:
-    """Fail on a missing path before reading anything (later sources may never be reached)."""
+    """Fail on a missing or unreadable path before reading anything (later sources may never
+    be reached)."""
     for i, src in enumerate(sources):
         if src["kind"] == "stdlib":
             continue
         if not src.get("path"):
             raise _err(i, src, "needs a 'path' to a local file or folder; add it to the config")
-        if not Path(src["path"]).exists():
-            raise _err(i, src, "path does not exist; fix 'path' to point to a local file or folder")
+        _source_path(i, src)
 
 
 def seeded_draw(seed: int, tag: str, key: str, fraction: float) -> bool:

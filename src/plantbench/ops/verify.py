@@ -37,6 +37,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import sys
 from collections.abc import Callable, Iterator
@@ -47,10 +48,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from plantbench import floats, io, layout, replicates
+from plantbench import floats, io, layout, lineage, replicates, userpaths
 from plantbench.config import config_hash, study_hash
 from plantbench.errors import ArtifactError, PlantbenchError
 from plantbench.hashing import hash_file, hash_tree, window_hashes
+from plantbench.ops import reproduce
 from plantbench.paths import CHECKOUT, MODELS, Paths
 
 PORTABLE = ("facts", "corpus", "tokenizer", "stream/A", "stream/B", "pool/A", "pool/B")
@@ -398,6 +400,37 @@ def check_lineage(root: Path, metas: dict[str, dict[str, Any]]) -> list[Check]:
     return checks
 
 
+def _records(root: Path, metas: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every artifact's record and every gradient shard's ``shard.json``, by relative name."""
+    out = dict(metas)
+    for shard in _named(root, "shard.json"):
+        with contextlib.suppress(OSError, ValueError):
+            out[shard.parent.relative_to(root).as_posix()] = json.loads(shard.read_text())
+    return out
+
+
+def check_config(
+    cfg: dict[str, Any], paths: Paths, metas: dict[str, dict[str, Any]]
+) -> list[Check]:
+    """Every artifact was made under the config at hand's values for its rule (the same
+    comparison each step's readers make: :func:`plantbench.lineage.problem`)."""
+    ctx, checks, judged = _Ctx(cfg, paths), [], 0
+    for name, meta in _records(paths.root, metas).items():
+        if not isinstance(meta, dict) or lineage.KEY not in meta:
+            continue
+        judged += 1
+        found = lineage.problem(_replicate_ctx(ctx, name)[0].cfg, meta, str(paths.root / name))
+        if found is not None:
+            recover = (
+                f"recover: {lineage.fix(meta[lineage.KEY]['rule'], paths.config)}; a leftover "
+                "of an earlier config can be deleted"
+            )
+            checks.append(_fail(f"{name} (config)", [found], recover))
+    if judged and not checks:
+        checks.append(Check("config", "PASS", f"{judged} artifacts were made under this config"))
+    return checks
+
+
 # --------------------------------------------------------------------------------------------
 # Streams
 # --------------------------------------------------------------------------------------------
@@ -738,8 +771,9 @@ def check_info(cfg: dict[str, Any], paths: Paths, metas: dict[str, dict[str, Any
 # --------------------------------------------------------------------------------------------
 
 
+PREFIX = "models/prefix"  # the shared prefix (absent without train.prefix_steps)
 FLOAT_REFERENCED = (
-    "models/prefix",  # the shared prefix (absent without train.prefix_steps)
+    PREFIX,
     *(f"models/{m}" for m in MODELS),
     "causal",
     "reading",
@@ -747,21 +781,148 @@ FLOAT_REFERENCED = (
 )
 
 
-def reference_hashes(metas: dict[str, dict[str, Any]]) -> dict[str, str]:
-    keep = [*PORTABLE, *FLOAT_REFERENCED]
-    return {k: metas[k]["hash"] for k in keep if k in metas}
+def referenced(cfg: dict[str, Any]) -> tuple[str, ...]:
+    """The artifacts a reference records for ``cfg``: the token artifacts (:data:`PORTABLE`)
+    and the float ones (:data:`FLOAT_REFERENCED`), the shared prefix only with one."""
+    prefix = layout.prefix_steps(cfg) > 0
+    return tuple(k for k in (*PORTABLE, *FLOAT_REFERENCED) if prefix or k != PREFIX)
+
+
+def reference_hashes(cfg: dict[str, Any], metas: dict[str, dict[str, Any]]) -> dict[str, str]:
+    return {k: metas[k]["hash"] for k in referenced(cfg) if k in metas}
+
+
+# --- what a reference must hold before it is believed ---------------------------------------
+
+XXH3 = re.compile(r"[0-9a-f]{32}")
+_JSON_TYPES = {
+    dict: "a JSON object",
+    list: "a list",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+}
+REFERENCE_KEYS: dict[str, type] = {
+    "name": str,
+    "study_hash": str,
+    "platform": dict,
+    "portable": list,
+    "pinned": dict,
+    "float_platforms": dict,
+    "hashes": dict,
+}
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    kind = next((t for t in _JSON_TYPES if isinstance(value, t)), None)
+    return _JSON_TYPES[kind] if kind is not None else type(value).__name__
+
+
+def _schema_problems(ref: dict[str, Any]) -> list[str]:
+    problems = [f"lacks the key '{k}'" for k in REFERENCE_KEYS if k not in ref]
+    for key, want in REFERENCE_KEYS.items():
+        if key in ref and not isinstance(ref[key], want):
+            problems.append(f"'{key}' is {_json_type(ref[key])}, not {_JSON_TYPES[want]}")
+    platform = ref.get("platform")
+    if isinstance(platform, dict) and not all(
+        isinstance(platform.get(k), str) for k in platform_key()
+    ):
+        problems.append(f"'platform' lacks one of {', '.join(platform_key())} (as strings)")
+    return problems
+
+
+def _hash_problem(name: str, value: Any) -> str | None:
+    if value is None or value == "":
+        return f"hashes['{name}'] is {'null' if value is None else 'empty'}"
+    if not isinstance(value, str) or not XXH3.fullmatch(value):
+        return f"hashes['{name}'] is {json.dumps(value)}, not an xxh3 hash (32 hex digits)"
+    return None
+
+
+def _hashes_problems(cfg: dict[str, Any], hashes: dict[str, Any]) -> list[str]:
+    want = referenced(cfg)
+    if not hashes:
+        return ["'hashes' is empty"]
+    problems = []
+    missing = [k for k in want if k not in hashes]
+    if missing:
+        problems.append(
+            f"'hashes' lacks {', '.join(missing)} (a reference records every one of "
+            f"{', '.join(want)})"
+        )
+    problems += [
+        f"'hashes' names {k}, which a reference does not record" for k in hashes if k not in want
+    ]
+    problems += [p for k, v in hashes.items() if (p := _hash_problem(k, v)) is not None]
+    return problems
+
+
+def _float_platform_problems(ref: dict[str, Any]) -> list[str]:
+    made = ref["float_platforms"]
+    floating = [k for k in ref["hashes"] if k in FLOAT_REFERENCED]
+    missing = [k for k in floating if not isinstance(made.get(k), dict)]
+    return [f"'float_platforms' lacks {', '.join(missing)}"] if missing else []
+
+
+def reference_problems(cfg: dict[str, Any], ref: dict[str, Any]) -> list[str]:
+    """What makes ``ref`` unfit to compare with a run of ``cfg`` (none: it may be believed):
+    a required key missing or of the wrong type, an artifact :func:`referenced` names left
+    out, an unknown artifact, a null, empty or malformed hash, a float hash without its path."""
+    problems = _schema_problems(ref)
+    if problems:
+        return problems
+    problems = _hashes_problems(cfg, ref["hashes"]) + _float_platform_problems(ref)
+    return problems + reproduce.problems(ref)
+
+
+class MalformedReference(ArtifactError):
+    """A reference file that cannot be believed: what is wrong with it, one item each."""
+
+    def __init__(self, path: Path, problems: list[str]):
+        super().__init__(f"'{path}' is malformed: {problems[0]}")
+        self.path, self.problems = path, problems
 
 
 def find_reference(cfg: dict[str, Any], ref_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The reference for ``cfg``'s study hash, checked (:func:`reference_problems`), or None;
+    a file that is not JSON, or the one found malformed, raises :class:`MalformedReference`."""
     want = study_hash(cfg)
     for p in sorted(ref_dir.glob("*.json")):
         try:
             ref = json.loads(p.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ArtifactError(f"reference '{p}' is corrupt (not JSON)") from None
+            raise MalformedReference(p, ["not JSON"]) from None
         if isinstance(ref, dict) and ref.get("study_hash") == want:
+            problems = reference_problems(cfg, ref)
+            if problems:
+                raise MalformedReference(p, problems)
             return p, ref
     return None
+
+
+def _repo_path(path: Path) -> str:
+    """``path`` as the repository names it (relative to the checkout), else as it is."""
+    try:
+        return path.resolve().relative_to(CHECKOUT).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def reference_recovery(paths: Paths, path: Path) -> str:
+    """How to mend a reference file: restore it from git, or rewrite it from a trusted run."""
+    shown = _repo_path(path)
+    rewrite = f"plantbench verify -c {shlex.quote(str(paths.config))} --write-reference"
+    return (
+        f"recover: restore it from git (`git restore {shlex.quote(shown)}`) or rewrite it from a "
+        f"run you trust (`{rewrite} {shlex.quote(path.stem)}`)"
+    )
+
+
+def _reference_fail(paths: Paths, bad: MalformedReference) -> Check:
+    problems = [f"'{_repo_path(bad.path)}' is malformed: {bad.problems[0]}", *bad.problems[1:]]
+    return _fail("reference", problems, reference_recovery(paths, bad.path))
 
 
 def _portable_skip(cfg: dict[str, Any], name: str, ref: dict[str, Any]) -> str | None:
@@ -782,12 +943,9 @@ def _float_skip(name: str, ref: dict[str, Any], meta: dict[str, Any]) -> str | N
     """Why the reference hash of float artifact ``name`` is not comparable with this run's
     (None: it is): the float path the reference recorded for it differs from the one this
     run's artifact records (CPU capability, BLAS branch, threads, device, versions)."""
-    made = (ref.get("float_platforms") or {}).get(name)
-    if made is None:
-        return "the reference records no float path for it; rewrite it (--write-reference)"
     if "platform" not in meta:
         return "this run's artifact records no float path (made before it was recorded); rerun it"
-    diff = floats.differences(meta["platform"], made)
+    diff = floats.differences(meta["platform"], ref["float_platforms"][name])
     if diff:
         return "float artifact made on another float path: " + "; ".join(diff)
     return None
@@ -802,6 +960,28 @@ def _reference_skip(
     if name in PORTABLE:
         return _portable_skip(cfg, name, ref)
     return _float_skip(name, ref, metas[name])
+
+
+def _intact(paths: Paths, name: str, meta: dict[str, Any]) -> bool:
+    """Whether the artifact's files match its own meta.json (it is not damaged; a meta without
+    its record of files cannot tell, and counts as damaged)."""
+    try:
+        return not _file_problems(name, paths.root / name, meta)
+    except (OSError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _differs(paths: Paths, name: str, meta: dict[str, Any]) -> str:
+    """The advice for an artifact whose hash is not the reference's: an intact one is kept
+    (the config, the packages or the float path differ); a damaged one is rebuilt."""
+    pinned = "install the pinned packages (`pip install -c constraints.txt -e .`)"
+    if _intact(paths, name, meta):
+        return (
+            f"'{paths.root / name}' is intact (its files match its meta.json): the difference "
+            f"comes from the config, the installed packages or the float path, not from damage; "
+            f"{pinned}"
+        )
+    return f"{recovery(paths, name)}; if it still differs, {pinned}"
 
 
 def _compare_reference(
@@ -823,21 +1003,25 @@ def _compare_reference(
         if actual == expected:
             checks.append(Check(f"reference {name}", "PASS", detail))
         else:
-            recover = (
-                f"{recovery(paths, name)}; if it still differs, install the pinned packages "
-                "(pip install -c constraints.txt -e .)"
-            )
-            checks.append(_fail(f"reference {name}", [detail], recover))
+            checks.append(_fail(f"reference {name}", [detail], _differs(paths, name, metas[name])))
     return checks
 
 
 def check_reference(
     cfg: dict[str, Any], metas: dict[str, dict[str, Any]], ref_dir: Path
 ) -> list[Check]:
+    """The run's hashes against the reference for its study in ``ref_dir``; a malformed
+    reference is one FAIL line that blames the file and says how to mend it."""
     paths = Paths(cfg)
-    recover = f"recover: restore or delete the damaged file in '{ref_dir}' (they are committed)"
-    run = lambda: _compare_reference(cfg, paths, metas, ref_dir)  # noqa: E731
-    return _guard("reference", ref_dir, recover, run)
+    recover = f"recover: restore the damaged file in '{ref_dir}' from git (they are committed)"
+
+    def compare() -> list[Check]:
+        try:
+            return _compare_reference(cfg, paths, metas, ref_dir)
+        except MalformedReference as bad:
+            return [_reference_fail(paths, bad)]
+
+    return _guard("reference", ref_dir, recover, compare)
 
 
 # --------------------------------------------------------------------------------------------
@@ -846,33 +1030,116 @@ def check_reference(
 
 
 def run(cfg: dict[str, Any], paths: Paths, *, ref_dir: Path | None = None) -> list[Check]:
-    root = paths.root
-    if not root.is_dir():
-        raise ArtifactError(f"results folder '{root}' does not exist; run the study first")
+    root = userpaths.check(
+        paths.root,
+        userpaths.FOLDER,
+        userpaths.config_key("results"),
+        "a run's results folder",
+        missing="run the study first",
+    )
     checks, metas = check_files(root)
     recover = "recover: rerun `plantbench verify`; if this persists, report it as a bug"
     checks += _guard("lineage", root, recover, lambda: check_lineage(root, metas))
+    checks += _guard("config", root, recover, lambda: check_config(cfg, paths, metas))
     checks += check_streams(paths)
     checks += check_replicate_streams(cfg)
     checks += _guard("info", root, recover, lambda: check_info(cfg, paths, metas))
     checks += check_reference(cfg, metas, ref_dir or REFERENCE_DIR)
+    checks += check_reproduction(cfg, paths, ref_dir or REFERENCE_DIR, checks)
     return checks
+
+
+def _other_platform(checks: list[Check]) -> str | None:
+    """The first float path difference the reference checks found (None: every float hash
+    was compared on the reference's own path)."""
+    for c in checks:
+        if c.artifact.startswith("reference ") and c.status == "SKIP" and "float path" in c.detail:
+            return c.detail.split(": ", 1)[-1]
+    return None
+
+
+def _reproduction(
+    cfg: dict[str, Any], paths: Paths, ref: dict[str, Any], other: str | None
+) -> list[Check]:
+    checks = []
+    moved = reproduce.departure(paths, ref)
+    if moved is not None:
+        checks.append(Check("reference first steps", "SKIP", moved))
+    elif ref.get(reproduce.FIRST_STEPS):
+        n = len(ref[reproduce.FIRST_STEPS]["loss"])
+        checks.append(
+            Check("reference first steps", "PASS", f"the first {n} steps match bit for bit")
+        )
+    if not ref.get(reproduce.FINDINGS):
+        detail = (
+            "the reference records no findings; rewrite it from a finished run (--write-reference)"
+        )
+        return [*checks, Check("reproduction", "SKIP", detail)]
+    ok, line = reproduce.verdict(cfg, paths, ref)
+    if other is not None:
+        line = f"floats from another platform ({other}): {line}"
+    return [*checks, Check("reproduction", "PASS" if ok else "FAIL", line)]
+
+
+def check_reproduction(
+    cfg: dict[str, Any], paths: Paths, ref_dir: Path, checks: list[Check]
+) -> list[Check]:
+    """Did the run reproduce the study (the last line of verify)? Where the float path is the
+    reference's, the hashes say it; elsewhere the findings and numbers do
+    (:func:`plantbench.ops.reproduce.verdict`). Needs a finished analysis and a reference."""
+    if not (paths.root / "analysis" / io.META).is_file():
+        return []
+    try:
+        found = find_reference(cfg, ref_dir)
+    except MalformedReference:
+        return []  # the reference line already blames the file
+    if found is None:
+        return []
+    recover = "recover: finish the run (snakemake) so that every table the findings read exists"
+    return _guard(
+        "reproduction",
+        paths.root,
+        recover,
+        lambda: _reproduction(cfg, paths, found[1], _other_platform(checks)),
+    )
+
+
+def reference_record(
+    cfg: dict[str, Any], metas: dict[str, dict[str, Any]], name: str
+) -> dict[str, Any]:
+    """The reference ``name`` of a run of ``cfg`` whose artifacts recorded ``metas``."""
+    hashes = reference_hashes(cfg, metas)
+    return {
+        "name": name,
+        "study_hash": study_hash(cfg),
+        "platform": platform_key(),
+        "portable": list(PORTABLE),
+        "pinned": floats.pinned_summary(),
+        "float_platforms": {k: metas[k].get("platform", {}) for k in hashes if k not in PORTABLE},
+        "hashes": hashes,
+    }
 
 
 def write_reference(
     cfg: dict[str, Any], paths: Paths, name: str, ref_dir: Path | None = None
 ) -> Path:
-    _, metas = check_files(paths.root)
-    hashes = reference_hashes(metas)
-    ref = {
-        "name": name,
-        "study_hash": study_hash(cfg),
-        "platform": platform_key(),
-        "portable": [k for k in PORTABLE],
-        "pinned": floats.pinned_summary(),
-        "float_platforms": {k: metas[k].get("platform", {}) for k in hashes if k not in PORTABLE},
-        "hashes": hashes,
-    }
+    """Write ``<ref_dir>/<name>.json`` from a whole, undamaged run: every artifact
+    :func:`referenced` names is present and its files match its meta.json."""
+    checks, metas = check_files(paths.root)
+    failed = {c.artifact for c in checks if c.status == "FAIL"}
+    bad = [k for k in referenced(cfg) if k not in metas or k in failed]
+    if bad:
+        raise ArtifactError(
+            f"cannot write reference '{name}': the run lacks {', '.join(bad)} (missing, or its "
+            "files do not match its meta.json); finish the run (snakemake) and check it with "
+            "`plantbench verify` first"
+        )
+    ref = reference_record(cfg, metas, name)
+    if (paths.root / "analysis" / io.META).is_file():  # the study's findings and numbers
+        ref.update(reproduce.record(cfg, paths))
+    problems = reference_problems(cfg, ref)
+    if problems:  # what verify would refuse to read back
+        raise ArtifactError(f"cannot write reference '{name}': it {problems[0]}")
     out = (ref_dir or REFERENCE_DIR) / f"{name}.json"
     io.write_json(out, ref)
     return out
@@ -888,6 +1155,7 @@ def format_checks(checks: list[Check]) -> str:
 # --------------------------------------------------------------------------------------------
 
 BUNDLE_RECOVER = "recover: export again (`plantbench export`, or `snakemake export`)"
+BUNDLE_FOLDER = "a release bundle folder (written by plantbench export)"
 
 
 def _bundle_fail(what: str, problem: str) -> Check:
@@ -1018,7 +1286,13 @@ def bundle_model_checks(bundle: Path, meta: dict[str, Any]) -> list[Check]:
 
 
 def run_bundle(bundle: Path) -> list[Check]:
-    """Every check of a release bundle; damaged input becomes a FAIL line, never an exception."""
+    """Every check of a release bundle; damaged input becomes a FAIL line, never an exception
+    (a ``bundle`` that is no folder: the line says why, as for every path a user gives)."""
+    cause = userpaths.problem(bundle, userpaths.FOLDER)
+    if cause is not None:
+        return [
+            Check("bundle", "FAIL", userpaths.message(bundle, cause, "--bundle", BUNDLE_FOLDER))
+        ]
     try:
         meta = _bundle_meta(bundle)
     except Exception as exc:

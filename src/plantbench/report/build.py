@@ -1,6 +1,8 @@
 """``plantbench report``: results/report/report.md plus figures (matplotlib, Agg backend), and
 report.html, the same markdown rendered to one self-contained HTML file (figures inlined) that
-the Snakemake report shows on its main page (workflow/report/workflow.rst)."""
+the Snakemake report shows on its main page (workflow/report/workflow.rst). The report opens
+with the seeds' findings checked on this run (plantbench.grading.findings), also written as
+report/findings.csv."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pandas as pd
 
 from plantbench import io
 from plantbench.config import study_hash
+from plantbench.grading import findings
 from plantbench.markdown import markdown_table
 from plantbench.paths import MODELS, Paths
 from plantbench.report import figures, sections, tables
@@ -48,6 +51,7 @@ NOT_GRADED = (
     "(or `snakemake`) and then this report again.\n"
 )
 SUITES = (context_report, grounding_report, membership_report)
+FINDINGS_CSV = "findings.csv"  # the findings against the papers, the report's first section
 
 
 def _read_inputs(paths: Paths) -> _Inputs:
@@ -103,14 +107,20 @@ def _hashes(cfg: dict[str, Any], paths: Paths, inp: _Inputs) -> dict[str, str]:
     return hashes
 
 
-def _learned_lines(inp: _Inputs) -> list[str]:
-    info, facts = inp.models["A"]["info"], inp.facts
+def _title_lines(inp: _Inputs) -> list[str]:
+    info = inp.models["A"]["info"]
     return [
         "# plantbench study report",
         "",
-        f"{len(facts)} planted facts, two twins of {info['params']:,} parameters each, "
+        f"{len(inp.facts)} planted facts, two twins of {info['params']:,} parameters each, "
         f"{info['tokens']:,} training tokens per model.",
         "",
+    ]
+
+
+def _learned_lines(inp: _Inputs) -> list[str]:
+    facts = inp.facts
+    return [
         "## Which facts the twins learned",
         "",
         "A fact is learned when its causal effect is positive (the reading model gives the answer "
@@ -181,7 +191,11 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
     if inp.analysis is not None:
         graded = sections.analysis_sections(paths, out_dir, paper=figures.is_paper(cfg))
     optional = _optional_sections(cfg, paths, out_dir)
+    found = findings.evaluate(cfg, paths)
+    io.write_csv(out_dir / FINDINGS_CSV, found)
     lines = [
+        *_title_lines(inp),
+        sections.findings_section(found),
         *_learned_lines(inp),
         sections.recipe_line(inp.causal),
         sections.in_context_section(paths, inp.causal),
@@ -198,7 +212,7 @@ def run(cfg: dict[str, Any], paths: Paths) -> Path:
     for s in optional:
         inputs.update(s.inputs)
     extra = [f for s in optional for f in s.figures]
-    return write_outputs(cfg, out_dir, "\n".join(lines), inputs, extra)
+    return write_outputs(cfg, out_dir, "\n".join(lines), inputs, extra, [FINDINGS_CSV])
 
 
 def write_outputs(
@@ -207,8 +221,10 @@ def write_outputs(
     md: str,
     inputs: dict[str, str],
     extra_figures: list[str] | None = None,
+    tables: list[str] | None = None,
 ) -> Path:
-    """report.md, its HTML rendering and the folder's meta.json (the figures are written)."""
+    """report.md, its HTML rendering and the folder's meta.json (the figures and ``tables``,
+    files in ``out_dir``, are written)."""
     path = out_dir / "report.md"
     io.write_text(path, md)
     io.write_text(out_dir / HTML_NAME, markdown_html(md, out_dir))
@@ -220,7 +236,7 @@ def write_outputs(
     io.write_meta(
         out_dir,
         "report",
-        ["report.md", HTML_NAME, *written],
+        ["report.md", HTML_NAME, *(tables or []), *written],
         config_hash=study_hash(cfg),
         inputs=inputs,
         info={"figures": written, "graded": "analysis" in inputs},

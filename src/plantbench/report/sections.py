@@ -16,6 +16,40 @@ from plantbench.paths import MODELS, Paths
 from plantbench.report import figures, tables
 
 
+def findings_section(found: pd.DataFrame) -> str:
+    """The report's first section: the seeds' findings checked on this run
+    (:mod:`plantbench.grading.findings`), the verdict counts and where each line comes from."""
+    from plantbench.grading import findings
+
+    over = found["holds"].astype(bool).any()
+    lines = [
+        "## Findings against the papers",
+        "",
+        "Each seed's findings, stated once (`src/plantbench/grading/findings.py`) and checked on "
+        "this run's own tables: reproduced when the whole 95% interval lies on the finding's "
+        "side of its line, not reproduced when it lies wholly on the other side, inconclusive "
+        "when it straddles or touches the line, not testable when the run lacks a method, a "
+        "suite or a number the finding needs. A finding about several methods or twins holds "
+        "only if it holds for each; the number shown is the one that decides."
+        + (
+            " Holds: in how many replicates it is reproduced, each on its own tables."
+            if over
+            else ""
+        )
+        + " Data: `report/findings.csv`.",
+        "",
+        markdown_table(tables.findings_table(found)),
+        "",
+        findings.verdict_counts(found) + ".",
+        "",
+        "Where the lines come from (the seeds' words; none is fitted to this project's numbers):",
+        "",
+        *[f"- `{r.id}` ({r.line}): {r.line_from}" for r in found.itertuples(index=False)],
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def read_analysis(paths: Paths) -> dict[str, pd.DataFrame]:
     folder = paths.root / "analysis"
     meta = io.read_meta(folder, "analysis")

@@ -168,3 +168,24 @@ def projection_label(r: Any) -> str:
     if "k_out" not in r:
         return "LoGra"
     return f"LoGra {int(r['k_out'])} x {int(r['k_in'])} per module"
+
+
+def findings_table(found: pd.DataFrame) -> pd.DataFrame:
+    """Findings against the papers (:func:`plantbench.grading.findings.evaluate`): finding, seed,
+    the seed's number, the line, this run's number with its interval (and what it is of), the
+    verdict (with why, when not testable), and over replicates in how many it holds."""
+    rows = []
+    for r in found.itertuples(index=False):
+        ours = f"{r.this_run} ({r.on})" if r.on else r.this_run
+        row = {
+            "Finding": f"{r.statement} `{r.id}`",
+            "Seed": r.seed,
+            "Seed's number": r.seed_number,
+            "Line": r.line,
+            "This run [95% interval]": ours,
+            "Verdict": f"{r.verdict}: {r.why}" if r.verdict == "not testable" else r.verdict,
+        }
+        if r.holds:
+            row["Holds"] = r.holds
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from plantbench import lineage
 from plantbench.errors import ArtifactError
 from plantbench.hashing import hash_bytes, hash_file
 
@@ -59,6 +60,7 @@ def _read_shard_meta(shard_dir: Path) -> dict[str, Any]:
         raise ArtifactError(f"'{p}' is corrupt; delete '{shard_dir}' and recompute it") from None
     if meta.get("format") != STORE_FORMAT or meta.get("complete") is not True:
         raise ArtifactError(f"'{p}' is not a finished format-{STORE_FORMAT} gradient shard")
+    lineage.check_read(meta, shard_dir)
     return meta
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
-from plantbench import floats
+from plantbench import floats, lineage
 from plantbench.errors import ArtifactError, PlantbenchError
 from plantbench.hashing import hash_file
 from plantbench.io import fsync_dir, write_json
@@ -208,6 +208,8 @@ class ShardWriter:
             "xxh3": hash_file(grads),
             **(extra or {}),
         }
+        if lineage.current() is not None:  # outside the store's identity and hash
+            meta[lineage.KEY] = lineage.current()
         write_json(self.partial / SHARD_JSON, meta)
         (self.partial / PROGRESS_JSON).unlink()
         if self.final.exists():

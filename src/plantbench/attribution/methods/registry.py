@@ -49,8 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from plantbench import layout
-from plantbench.config import builtin_methods
+from plantbench import layout, userpaths
+from plantbench.config import PLUGIN_FILE, builtin_methods
 from plantbench.errors import ConfigError, PlantbenchError
 
 ScoreFn = Callable[[Any, np.ndarray, np.ndarray], np.ndarray]
@@ -122,9 +122,8 @@ def _load_builtins() -> None:
 def load_plugin(name: str, path: str | Path) -> Method:
     """Register the ``score`` function of the Python file ``path`` as method ``name``."""
     _load_builtins()
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise ConfigError(f"methods.plugins: plug-in '{name}' file '{p}' does not exist")
+    what = f"methods.plugins: plug-in '{name}' file"
+    p = userpaths.check(path, userpaths.FILE, what, PLUGIN_FILE)
     spec = importlib.util.spec_from_file_location(f"plantbench_plugin_{name}", p)
     if spec is None or spec.loader is None:
         raise ConfigError(
@@ -262,9 +261,9 @@ def code_hash(name: str) -> str:
     """xxh3 of the file that scores ``name`` (recorded in its scores; a change reruns them)."""
     from plantbench.hashing import hash_file
 
-    path = code_file(name)
-    if not path.is_file():
-        raise ConfigError(f"method '{name}': its code file '{path}' is gone")
+    path = userpaths.check(
+        code_file(name), userpaths.FILE, f"method '{name}': its code file", PLUGIN_FILE
+    )
     return hash_file(path)
 
 

@@ -5,6 +5,17 @@ For a query of fact f, the *base* twin is the one that never read f (the seed's 
 query forms together), so the 95% intervals resample facts within their grid cells
 (:func:`plantbench.grading.metrics.resample_within_cells`, ``context.bootstrap`` resamples).
 
+SSP follows the seed's definition (seed 000, eq. 10): the share of *answer-bearing* segments
+whose interface label matches their source, over the facts the reader learned (the seed's
+R_bench). In the seed every segment was retrieved for the question and its answer, so each one
+carries the answer, from the weights (IW) or from the context only (ICL), balanced. Here only
+the fact's own sentence carries the answer, so it is scored under both twins: under the reader
+it is IW (the reader read and learned the fact), under the base twin ICL (it never read it),
+balanced by construction, chance 0.5. The other segments (other facts' sentences) carry no part
+of the answer, and their labels say nothing about how it was produced: counting them made SSP
+a property of the context's layout (a method that puts the mass on the answer's sentence alone
+scored exactly 0.25).
+
 Outputs in ``context/analysis/`` (every column documented in results/README.md):
 ``table1.csv`` (the seed's Table 1: CAC, Util, RmI, BCS, APS per k), ``table2.csv`` (Drop@k, LDS),
 ``ssp.csv``, ``metrics.csv`` (every statistic with its interval), ``by_cell.csv`` (by documents
@@ -91,17 +102,23 @@ class _Frames:
     conditions: dict[str, pd.DataFrame]
     lds: dict[str, pd.DataFrame]
     scores: dict[str, pd.DataFrame]
-    reader_icl: np.ndarray  # [queries, k]: True where the segment is ICL for the reader
+    own: np.ndarray  # [queries]: the position of the fact's own (answer-bearing) segment
+    own_icl: dict[str, np.ndarray]  # per role, [queries]: True where that segment is ICL
 
 
 def _frames(data: dict[str, Any]) -> _Frames:
     q = data["queries"].sort_values("query_id").reset_index(drop=True)
     ids = q["query_id"]
-    seg = data["segments"].sort_values(["query_id", "segment"])
-    label_of = {
-        m: seg.pivot(index="query_id", columns="segment", values=f"label_{m}") for m in MODELS
+    seg = data["segments"]
+    own_seg = seg[seg["relevant"]].set_index("query_id").loc[ids]
+    twin = {"reader": q["reader"].to_numpy(), "base": q["base"].to_numpy()}
+    own_icl = {
+        r: np.where(
+            twin[r] == MODELS[0], own_seg[f"label_{MODELS[0]}"], own_seg[f"label_{MODELS[1]}"]
+        )
+        == "icl"
+        for r in ROLES
     }
-    reader = [label_of[m].loc[qid].to_numpy() for qid, m in zip(ids, q["reader"], strict=True)]
     return _Frames(
         q=q,
         queries={
@@ -110,7 +127,8 @@ def _frames(data: dict[str, Any]) -> _Frames:
         conditions=role_frames(data, "conditions"),
         lds=role_frames(data, "lds"),
         scores=role_frames(data, "scores"),
-        reader_icl=np.stack(reader) == "icl",
+        own=own_seg["segment"].to_numpy(dtype=np.int64),
+        own_icl=own_icl,
     )
 
 
@@ -137,21 +155,27 @@ def _ranking_columns(fr: _Frames, st: Settings, name: str, out: dict[str, Any]) 
             metrics.rbo(metrics.ranking(a), metrics.ranking(b), rho)
             for a, b in zip(mat["base"], mat["reader"], strict=True)
         ]
-    interface = registry.get(name).interface
-    p_empty = fr.queries["reader"]["p_empty"]
-    pred = np.stack(
-        [
-            metrics.source_labels(s, interface, p)
-            for s, p in zip(mat["reader"], p_empty, strict=True)
-        ]
-    )
-    hits = (pred == fr.reader_icl).sum(axis=1).astype(float)
-    out[f"{name}|ssp_hit"] = np.where(fr.q["learned"], hits, 0.0)
+    out[f"{name}|ssp_hit"] = np.where(fr.q["learned"], _ssp_hits(fr, mat, name), 0.0)
     for r in ROLES:
         t = fr.lds[r]
         v = t[t["method"] == name].set_index("query_id").loc[ids, "lds"].to_numpy()
         out[f"{name}|lds|{r}"] = np.nan_to_num(v)
         out[f"{name}|lds_n|{r}"] = np.isfinite(v).astype(float)
+
+
+def _ssp_hits(fr: _Frames, mat: dict[str, np.ndarray], name: str) -> np.ndarray:
+    """Per query, how many of the own segment's two labels (under the reader, under the base
+    twin) the method's interface gets right (0, 1 or 2)."""
+    interface = registry.get(name).interface
+    hits = np.zeros(len(fr.q))
+    rows = np.arange(len(fr.q))
+    for r in ROLES:
+        p_empty = fr.queries[r]["p_empty"]
+        pred = np.stack(
+            [metrics.source_labels(s, interface, p) for s, p in zip(mat[r], p_empty, strict=True)]
+        )
+        hits += pred[rows, fr.own] == fr.own_icl[r]
+    return hits
 
 
 def per_query(data: dict[str, Any], st: Settings) -> pd.DataFrame:
@@ -165,7 +189,7 @@ def per_query(data: dict[str, Any], st: Settings) -> pd.DataFrame:
     for name in st.methods:
         _condition_columns(fr, st, name, out)
         _ranking_columns(fr, st, name, out)
-    out["ssp_n"] = np.where(fr.q["learned"], st.segments, 0).astype(float)
+    out["ssp_n"] = np.where(fr.q["learned"], len(ROLES), 0).astype(float)
     out["n"] = 1.0
     base = fr.q[["query_id", "fact_id", "learned", "n_docs", "position", "cell"]]
     return pd.concat([base, pd.DataFrame(out)], axis=1)
@@ -358,7 +382,7 @@ def ssp_figure(ssp: pd.DataFrame, out: Any) -> None:
     ax.axhline(0.5, color="grey", ls="--", lw=0.8, label="chance")
     ax.set_xticks(x, ssp["method"], rotation=30, ha="right", fontsize=8)
     ax.set_ylim(0, 1)
-    ax.set_ylabel("SSP (reader, learned facts)")
+    ax.set_ylabel("SSP (own segment, both twins)")
     ax.legend(fontsize=8)
     save_figure(fig, out)
 

@@ -65,8 +65,11 @@ def section(paths: Paths, out_dir: Path) -> tuple[str, dict[str, str], list[str]
         "",
         _table(t2),
         "",
-        f"Source separation precision on the {int(ssp['facts'].iloc[0])} learned facts "
-        f"({int(ssp['segments'].iloc[0])} segments, balanced IW / ICL; chance 0.5):",
+        f"Source separation precision on the {int(ssp['facts'].iloc[0])} learned facts: the "
+        "fact's own sentence, the one segment that carries the answer, labelled by each "
+        "method's interface under the reader (truly in-weight) and under the base twin (truly "
+        f"in-context), {int(ssp['segments'].iloc[0])} labels, balanced; chance 0.5 (as in the "
+        "seed, whose segments all carry the answer; other facts' sentences are not scored):",
         "",
         _table(ssp[["method", "ssp", "lo", "hi"]]),
         "",
