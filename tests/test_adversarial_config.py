@@ -729,7 +729,7 @@ def test_the_request_limit_is_a_config_key(tmp_path):
 
 WORKER = """
 import os, pathlib, sys, time
-from plantbench.process import die_with_parent
+from plantbench.ops.process import die_with_parent
 die_with_parent()
 out = pathlib.Path(sys.argv[1])
 (out.parent / "pid").write_text(str(os.getpid()))
@@ -781,7 +781,7 @@ def test_sigterm_to_the_job_wrapper_ends_the_step_before_it_writes(tmp_path):
 
 
 def test_the_cli_dies_with_its_parent_when_run_as_a_process(monkeypatch, capsys):
-    from plantbench import process
+    from plantbench.ops import process
 
     calls: list[int] = []
     monkeypatch.setattr(process, "die_with_parent", lambda: bool(calls.append(1)) or True)

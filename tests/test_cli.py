@@ -97,11 +97,11 @@ def test_threads_refused_where_unused(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_a_step_ends_its_log_with_its_peak_memory(tmp_path: Path) -> None:
     """A step's own process (stderr a log, not a terminal) ends with its exact peak memory, which
-    ``plantbench plan --measured`` reads back (plantbench.process)."""
+    ``plantbench plan --measured`` reads back (plantbench.ops.process)."""
     import subprocess
     import sys
 
-    from plantbench import process
+    from plantbench.ops import process
 
     log = tmp_path / "plan.log"
     with open(log, "w") as err:

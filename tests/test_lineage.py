@@ -190,3 +190,153 @@ def test_verify_fails_artifacts_made_under_another_config(
     line = next(ln for ln in out if ln.startswith("FAIL  models/A (config)"))
     assert "with train.lr = " in line and "has train.lr = 0.123" in line
     assert main(["verify", "-c", str(copied_run / "config.json")]) == 0
+
+
+# --------------------------------------------------------------------------- one catalogue
+
+SAMPLE = {"model": "B", "checkpoint": "step_0000080", "shard": "0003", "method": "grad_cos"}
+
+
+def _filled(pattern: str) -> str:
+    return pattern.format(**SAMPLE)
+
+
+def _rules_of_folders(root: Path) -> dict[str, list[str]]:
+    """Per folder of a replicate-0 run, the rows whose folders (glob patterns, as the lineage
+    check reads them) hold it."""
+    out: dict[str, list[str]] = {}
+    for s in stages.STAGES:
+        for f in {f for g in s.folders for f in root.glob(g)}:
+            out.setdefault(f.relative_to(root).as_posix(), []).append(s.rule)
+    return out
+
+
+def _artifact_folders(root: Path) -> list[str]:
+    from plantbench.ops import verify
+
+    shards = [p.parent.relative_to(root).as_posix() for p in root.rglob("shard.json")]
+    return [*verify.artifacts(root), *shards]
+
+
+def test_verify_steps_derive_from_the_catalogue(tmp_path: Path) -> None:
+    """Every row's folders, with its wildcards filled in, are made by that row's step: its rule,
+    CLI command, meta stage and arguments (a valid CLI call); under ``replicates/<r>/`` too."""
+    import shlex
+
+    from plantbench.cli import build_parser
+    from plantbench.ops import verify
+    from plantbench.paths import MODELS
+
+    assert stages.TWINS == MODELS
+    paths = Paths(tmp_path / "results")
+    for s in stages.STAGES:
+        for place in s.places:
+            name = _filled(place)
+            step = verify.step_of(name)
+            assert step is not None and step.rule == s.rule, name
+            assert (step.stage, step.cli) == (s.meta_stage, s.command)
+            argv = shlex.split(step.command(paths.config))
+            args = build_parser().parse_args(argv[1:])
+            number = {w: stages.WILDCARDS[w].number for w in s.wildcards}
+            want = {w: int(SAMPLE[w]) if n else SAMPLE[w] for w, n in number.items()}
+            assert {w: getattr(args, w) for w in want} == want, argv
+            assert (
+                stages.rule_of_command(
+                    args.command,
+                    queries=getattr(args, "queries", False),
+                    checkpoint=getattr(args, "checkpoint", None),
+                )
+                == s.rule
+            )
+            again = verify.step_of(f"replicates/2/{name}")
+            assert again is not None and again.args == f" --replicate 2{step.args}"
+    assert verify.step_of("features/shared/hidden") is None
+    assert verify.step_of("scores/bm25") is None
+
+
+def test_every_artifact_folder_of_a_run_belongs_to_one_row(smoke_run: Path) -> None:
+    """``verify.step_of`` gives, for every artifact folder of a finished run (and every
+    gradient shard), the one row whose folders hold it, and the stage its meta.json records."""
+    from plantbench.ops import verify
+
+    names, rules = _artifact_folders(smoke_run), _rules_of_folders(smoke_run)
+    assert len(names) > 50
+    for name in names:
+        step = verify.step_of(name)
+        assert step is not None and rules.get(name) == [step.rule], name
+        meta = smoke_run / name / "meta.json"
+        if meta.is_file():
+            assert json.loads(meta.read_text())["stage"] == step.stage, name
+
+
+def test_the_timeline_names_each_workflow_job_by_its_rule() -> None:
+    """Every rule's benchmark file (as the workflow names it) is the rule's job in the
+    timeline and the plan check."""
+    import re
+
+    from plantbench.ops import timeline
+
+    bench = re.compile(r'^rule (\w+):|bench_of\("([^"]+)"\)', re.M)
+    seen = 0
+    for f in (ROOT / "workflow" / "rules").glob("*.smk"):
+        rule = None
+        for found in bench.finditer(f.read_text()):
+            rule = found[1] or rule
+            if found[2] and rule in stages.BY_RULE:
+                assert timeline.stage_of(_filled(found[2])) == rule, found[2]
+                seen += 1
+    assert seen == len(stages.STAGES)
+    assert timeline.stage_of("not_a_job_A") == "not_a_job_A"
+
+
+# Where a module names a stage for that stage's own work (not to list the stages), by top-level
+# definition: everything else about a stage comes from plantbench.stages.
+OWN_WORK = {
+    # the reference records the token artifacts (bit-portable) and a few float ones by name
+    ("ops/verify.py", "PORTABLE"): "the token artifacts a reference records",
+    ("ops/verify.py", "FLOAT_REFERENCED"): "the float artifacts a reference records",
+    ("ops/verify.py", "_portable_skip"): "facts and the stdlib corpus, the reference's rule",
+    # the info checks recompute what each stage's meta summarizes, keyed by its meta stage
+    ("ops/verify.py", "INFO_CHECKS"): "each stage's own info check",
+    ("ops/verify.py", "_analysis_info"): "the analysis config section",
+    ("ops/verify.py", "present_hashes"): "the gradient store's pool/ and queries/ subfolders",
+    ("ops/verify.py", "check_reproduction"): "the reproduction verdict reads the analysis",
+    ("ops/verify.py", "write_reference"): "the reproduction record reads the analysis",
+    ("ops/verify.py", "_bundle_meta"): "a release bundle is the export stage's artifact",
+    ("ops/verify.py", "bundle_key_checks"): "the bundle's facts table",
+    # the plan check's calibration: plan rows (named as the rules) with their own rates and costs
+    ("ops/plan_measured.py", "TRAIN_STAGES"): "the plan rows at the training precision's rate",
+    ("ops/plan_measured.py", "LOADS_ENCODER"): "the plan rows whose jobs load the text encoder",
+    ("ops/plan_measured.py", "cpu_rate"): "the pretrain row calibrates the CPU FLOP rate",
+}
+DERIVING = ("ops/verify.py", "ops/plan_measured.py", "ops/timeline.py", "runconfig.py")
+
+
+def _definition(node: Any) -> str:
+    """The name a top-level statement defines (its target, function or class)."""
+    import ast
+
+    if isinstance(node, ast.Assign | ast.AnnAssign):
+        target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+        return ast.unparse(target)
+    return getattr(node, "name", ast.unparse(node)[:40])
+
+
+def test_no_module_restates_the_stage_list() -> None:
+    """The rule-name check: no rule name of the catalogue is a string literal in the modules
+    that derive from it, except where one does that stage's own work (:data:`OWN_WORK`)."""
+    import ast
+
+    found = set()
+    for mod in DERIVING:
+        tree = ast.parse((ROOT / "src" / "plantbench" / mod).read_text())
+        for top in tree.body:
+            names = {
+                n.value
+                for n in ast.walk(top)
+                if isinstance(n, ast.Constant) and n.value in stages.BY_RULE
+            }
+            if names:
+                found.add((mod, _definition(top)))
+                assert (mod, _definition(top)) in OWN_WORK, (mod, _definition(top), names)
+    assert found == set(OWN_WORK)  # no stale exception

@@ -441,11 +441,10 @@ def test_a_job_that_loads_the_encoder_adds_its_load_time() -> None:
 
 
 def test_a_logged_peak_is_judged_however_short_the_job(paper: dict, tmp_path: Path) -> None:
-    """The exact peak a step's log ends with (plantbench.process.report_peak) replaces the
+    """The exact peak a step's log ends with (plantbench.ops.process.report_peak) replaces the
     benchmark's sampled max_rss where it is larger, and makes a short job's memory count; the
     ranks of a data-parallel step add up."""
-    from plantbench import process
-    from plantbench.ops import plan_measured
+    from plantbench.ops import plan_measured, process
 
     bench, logs = tmp_path / "benchmarks", tmp_path / "logs"
     bench.mkdir()
@@ -468,7 +467,7 @@ def test_report_peak_writes_what_logged_peak_reads(tmp_path: Path) -> None:
     import io as _io
     import resource
 
-    from plantbench import process
+    from plantbench.ops import process
 
     buf = _io.StringIO()
     process.report_peak(buf)

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import torch
 
+from plantbench import lineage
 from plantbench.errors import EXIT_PREEMPTED
 from plantbench.model import pretrain
 from plantbench.paths import Paths
@@ -137,10 +138,12 @@ def test_training_twice_is_bit_identical(
     cfg_json = _workspace(upstream, tmp_path / "results")
     cfg = json.loads(cfg_json.read_text())
     torch_threads = torch.get_num_threads()
+    lineage.begin(cfg, "pretrain")  # as the CLI step declares itself (meta.json's lineage)
     try:
         meta = pretrain.train(cfg, Paths(cfg), "A", threads=1)
     finally:
         torch.set_num_threads(torch_threads)
+        lineage.end()
     assert meta["hash"] == reference["meta"]["hash"]
     assert _model_files(tmp_path / "results") == reference["files"]
 

@@ -825,7 +825,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if argv is None:  # a process of its own (not a call from Python): it dies with its job
-        from plantbench.process import die_with_parent
+        from plantbench.ops.process import die_with_parent
 
         die_with_parent()
     logging.basicConfig(
@@ -849,7 +849,7 @@ def main(argv: list[str] | None = None) -> int:
 
         lineage.end()  # a call from Python: the next step declares itself
     if argv is None and not sys.stderr.isatty():  # a step's log: its exact peak memory, last
-        from plantbench.process import report_peak
+        from plantbench.ops.process import report_peak
 
         report_peak(sys.stderr)
     return 0

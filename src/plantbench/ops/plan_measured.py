@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plantbench import io, layout
+from plantbench import io
 from plantbench.ops import plan as plan_mod
 from plantbench.ops.timeline import Job, read_jobs
-from plantbench.paths import MODELS, Paths
+from plantbench.paths import Paths
+from plantbench.stages import STAGES
 
 TABLE = "plan_vs_measured.md"
 TOLERANCE = 2.0  # measured within [plan / 2, plan x 2]
@@ -34,7 +35,7 @@ DISK_MIN_MB = 10.0  # disk ratios only for stages planned at least this large (t
 # Snakemake's benchmark samples a job's memory at its start and every 0.5 s after (every 30 s
 # after 15 s): a job shorter than this may be sampled only while its shell starts the CLI (a CI
 # run measured the corpus job, 0.6 s, at 3 MB of a 143 MB peak). A job whose log reports its
-# exact peak (plantbench.process.report_peak) is judged on that; one without, shorter than this,
+# exact peak (plantbench.ops.process.report_peak) is judged on that; one without, shorter than this,
 # is shown but not judged.
 MEM_MIN_S = 2.0
 TRAIN_STAGES = ("pretrain_prefix", "pretrain")  # planned at the training precision's rate
@@ -46,48 +47,15 @@ JOB_CPU_S = 2.5
 # 6.7-6.9 CPU s to encode one text against 2.7-2.8 for the imports alone (the default's encoder)
 ENCODER_LOAD_CPU_S = 4.2
 LOADS_ENCODER = ("embed", "membership_detect")
-# rules -> the plan's stage (a rule not listed has no row in the plan: see UNPLANNED)
-STAGE_OF_RULE: dict[str, str] = {
-    "facts": "facts",
-    "corpus": "corpus",
-    "tokenizer": "tokenizer",
-    "stream": "stream",
-    "pretrain_prefix": "pretrain_prefix",
-    "pretrain": "pretrain",
-    "causal": "causal",
-    "reading": "reading",
-    "pool": "pool",
-    "grads_pool": "grads",
-    "grads_queries": "grads",
-    "curvature": "curvature",
-    "ekfac": "ekfac",
-    "ekfac_tracin": "ekfac_tracin",
-    "hidden": "hidden",
-    "embed": "embed",
-    "embed_shared": "embed",
-    "score": "score",
-    "fidelity": "fidelity",
-    "context_build": "context_build",
-    "context_attribute": "context_attribute",
-    "context_analysis": "context_analysis",
-    "membership_samples": "membership_samples",
-    "membership_detect": "membership_detect",
-    "membership_analysis": "membership_analysis",
-    "grounding_build": "grounding_build",
-    "grounding_respond": "grounding_respond",
-    "grounding_analysis": "grounding_analysis",
-    "analysis": "analysis+report",
-    "report": "analysis+report",
-}
-# the workflow's rules without a plan row, by design (tests/test_plan.py checks that every
-# rule of the workflow is here or in STAGE_OF_RULE)
+# rules -> the plan's stage their jobs count in (the stage catalogue's plan_stage; a rule not
+# listed has no row in the plan: see UNPLANNED)
+STAGE_OF_RULE: dict[str, str] = {s.rule: s.plan_stage for s in STAGES if s.plan_stage is not None}
+# the workflow's rules without a plan row, by design, with the catalogue's reason
+# (tests/test_plan.py checks that every rule of the workflow is here or in STAGE_OF_RULE);
+# ``all``, the Snakefile's default target, is no stage
 UNPLANNED: dict[str, str] = {
     "all": "the default target, no job",
-    "trackstar": "off by default (methods.enabled without trackstar)",
-    "replicates": "the summary over replicates (replicates > 1): small tables",
-    "verify": "a recheck of a finished run's hashes, asked for by name",
-    "export": "the release bundle of a finished run, asked for by name",
-    "bench": "this machine's benchmark, asked for by name",
+    **{s.rule: s.unplanned for s in STAGES if s.plan_stage is None},
 }
 
 
@@ -167,39 +135,15 @@ def rows(cfg: dict[str, Any], jobs: list[Job], disk: dict[str, float] | None = N
 
 
 def artifact_folders(cfg: dict[str, Any]) -> dict[str, list[Path]]:
-    """Per plan stage, the folders (or files) its jobs leave in the results folder."""
+    """Per plan stage, the folders its jobs have left in the results folder: those its rules'
+    artifact folders (the stage catalogue's ``folders``) match."""
     p = Paths(cfg)
-    ckpts = layout.tracin_checkpoints(cfg)
-    final = layout.final_checkpoint(cfg)
-    return {
-        "facts": [p.facts],
-        "corpus": [p.corpus],
-        "tokenizer": [p.tokenizer],
-        "stream": [p.stream(m) for m in MODELS],
-        "pretrain_prefix": [p.model("prefix")],
-        "pretrain": [p.model(m) for m in MODELS],
-        "causal": [p.causal],
-        "reading": [p.reading],
-        "pool": [p.pool(m) for m in MODELS],
-        "grads": [p.grads(m, c) for m in MODELS for c in ckpts],
-        "curvature": [p.curvature(m, c).parent for m in MODELS for c in ckpts],
-        "ekfac": [p.ekfac(m) for m in MODELS],
-        "ekfac_tracin": [p.ekfac(m, c) for m in MODELS for c in ckpts if c != final],
-        "hidden": [p.hidden(m) for m in MODELS],
-        "embed": [p.embed(m) for m in MODELS] + [p.features("shared")],
-        "score": [p.root / "scores"],
-        "fidelity": [p.fidelity(m) for m in MODELS],
-        "context_build": [p.context("contexts")],
-        "context_attribute": [p.context(m) for m in MODELS],
-        "context_analysis": [p.context("analysis")],
-        "membership_samples": [p.membership("samples")],
-        "membership_detect": [p.membership(m) for m in MODELS],
-        "membership_analysis": [p.membership("analysis")],
-        "grounding_build": [p.grounding("contexts")],
-        "grounding_respond": [p.grounding(m) for m in MODELS],
-        "grounding_analysis": [p.grounding("analysis")],
-        "analysis+report": [p.root / "analysis", p.report],
-    }
+    out: dict[str, list[Path]] = {st: [] for st in STAGE_OF_RULE.values()}
+    for s in STAGES:
+        base = p.root if s.per_replicate else p.shared
+        if s.plan_stage is not None:
+            out[s.plan_stage] += [f for g in s.folders for f in sorted(base.glob(g))]
+    return out
 
 
 def _size(path: Path) -> int:

@@ -3,7 +3,7 @@
 Reads the ``benchmark:`` files of a run (``{results}/benchmarks/*.tsv``, one per job, written
 by Snakemake when the job ends): the job's wall seconds ``s``, CPU seconds ``cpu_time`` and peak
 memory ``max_rss`` (sampled: where the job's log ends with its exact peak,
-:func:`plantbench.process.logged_peak_mb`, the larger of the two); the file's modification time
+:func:`plantbench.ops.process.logged_peak_mb`, the larger of the two); the file's modification time
 is the job's end, ``end - s`` its start. Writes
 into the same folder, after every run (the Snakefile's ``onsuccess``) or on demand:
 
@@ -19,7 +19,6 @@ timeline does not (it is drawn from the run's own folder).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,12 +26,11 @@ import pandas as pd
 
 from plantbench import io
 from plantbench.markdown import markdown_table, plt, save_figure
-from plantbench.process import logged_peak_mb
+from plantbench.ops.process import logged_peak_mb
+from plantbench.stages import rule_of_job
 
 TABLE = "stages.md"
 FIGURE = "timeline.png"
-_CHECKPOINT = re.compile(r"_step_\d+(_\d+)?$")
-_TWIN = re.compile(r"_(A|B)$")
 
 
 @dataclass(frozen=True)
@@ -43,7 +41,7 @@ class Job:
     wall: float
     cpu: float
     rss_mb: float  # the benchmark's sampled max_rss, or the step's logged exact peak if larger
-    rss_logged: bool = False  # the step's log reports its exact peak (plantbench.process)
+    rss_logged: bool = False  # the step's log reports its exact peak (plantbench.ops.process)
 
     @property
     def end(self) -> float:
@@ -51,9 +49,9 @@ class Job:
 
 
 def stage_of(name: str) -> str:
-    """The rule a benchmark file belongs to: its stem without checkpoint, shard and twin."""
-    base = _TWIN.sub("", _CHECKPOINT.sub("", name))
-    return "score" if base.startswith("score_") else base
+    """The rule a benchmark file belongs to: the stage catalogue's row whose job name its stem
+    is (:func:`plantbench.stages.rule_of_job`); a stem no rule's job has is its own stage."""
+    return rule_of_job(name) or name
 
 
 def _number(frame: pd.DataFrame, column: str) -> float:

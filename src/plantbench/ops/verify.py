@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import dataclasses
 import json
 import math
 import os
@@ -48,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from plantbench import floats, io, layout, lineage, replicates, userpaths
+from plantbench import floats, io, layout, lineage, replicates, stages, userpaths
 from plantbench.config import config_hash, study_hash
 from plantbench.errors import ArtifactError, PlantbenchError
 from plantbench.hashing import hash_file, hash_tree, window_hashes
@@ -94,98 +93,17 @@ class Step:
         return f"plantbench {self.cli} -c {shlex.quote(str(config))}{self.args}"
 
 
-def _grads_step(p: list[str]) -> Step | None:
-    """``features/<model>/grads/<checkpoint>/pool/shard_<K>`` or ``.../queries``."""
-    where = f" --model {p[1]} --checkpoint {p[3]}"
-    if len(p) == 6 and p[4] == "pool" and p[5].startswith("shard_") and p[5][6:].isdigit():
-        return Step("grads", "grads", f"{where} --shard {int(p[5][6:])}", "grads_pool")
-    if len(p) == 5 and p[4] == "queries":
-        return Step("grads", "grads", f"{where} --queries", "grads_queries")
-    return None
-
-
 def step_of(name: str) -> Step | None:
     """The step that makes the artifact at ``name`` (relative to the results folder; under
-    ``replicates/<r>/`` the same step with ``--replicate r``)."""
-    p = name.split("/")
-    if p == ["replicates", "summary"]:
-        return Step("replicates", "replicates", "", "replicates")
+    ``replicates/<r>/`` the same step with ``--replicate r``): the stage catalogue's row whose
+    folders hold it (:func:`plantbench.stages.artifact_of`), its wildcards the CLI's arguments."""
     r, local = replicates.split_name(name)
-    if r:
-        step = _step_of(local.split("/"))
-        return (
-            None if step is None else dataclasses.replace(step, args=f" --replicate {r}{step.args}")
-        )
-    return _step_of(p)
-
-
-# a suite's artifacts: (stage, command, rule) of its contexts, of each twin's pass, of its analysis
-SUITE_STEPS = {
-    "context": (
-        ("context_contexts", "context-build", "context_build"),
-        ("context_attribute", "context-attribute", "context_attribute"),
-        ("context_analysis", "context-analysis", "context_analysis"),
-    ),
-    "grounding": (
-        ("grounding_contexts", "grounding-build", "grounding_build"),
-        ("grounding_respond", "grounding-respond", "grounding_respond"),
-        ("grounding_analysis", "grounding-analysis", "grounding_analysis"),
-    ),
-    "membership": (
-        ("membership_samples", "membership-samples", "membership_samples"),
-        ("membership_detect", "membership-detect", "membership_detect"),
-        ("membership_analysis", "membership-analysis", "membership_analysis"),
-    ),
-}
-
-
-# the folder of a suite's first step (its inputs), where it is not ``contexts``
-SUITE_INPUTS = {"membership": "samples"}
-
-
-def _suite_step(suite: str, part: str) -> Step | None:
-    build, twin, analysis = SUITE_STEPS[suite]
-    if part in MODELS:
-        return Step(twin[0], twin[1], f" --model {part}", twin[2])
-    if part in (SUITE_INPUTS.get(suite, "contexts"), "analysis"):
-        stage, command, rule = analysis if part == "analysis" else build
-        return Step(stage, command, "", rule)
-    return None
-
-
-def _step_of(p: list[str]) -> Step | None:
-    if len(p) == 1 and p[0] in (
-        "facts",
-        "corpus",
-        "tokenizer",
-        "causal",
-        "reading",
-        "analysis",
-        "report",
-    ):
-        return Step(p[0], p[0], "", p[0])
-    if len(p) == 2 and p[0] == "stream" and p[1] in MODELS:
-        return Step("stream", "stream", "", "stream")
-    if p == ["models", "prefix"]:
-        return Step("prefix", "prefix", "", "pretrain_prefix")
-    if len(p) == 2 and p[0] in SUITE_STEPS:
-        return _suite_step(p[0], p[1])
-    if len(p) == 2 and p[1] in MODELS and p[0] == "fidelity":
-        return Step("fidelity", "fidelity", f" --model {p[1]}", "fidelity")
-    if len(p) == 2 and p[1] in MODELS and p[0] in ("models", "pool"):
-        stage = "pretrain" if p[0] == "models" else "pool"
-        return Step(stage, stage, f" --model {p[1]}", stage)
-    if p == ["features", "shared", "embed"]:
-        return Step("embed_shared", "embed-shared", "", "embed_shared")
-    if len(p) == 3 and p[0] == "features" and p[2] in ("hidden", "embed", "ekfac"):
-        return Step(p[2], p[2], f" --model {p[1]}", p[2])
-    if len(p) == 3 and p[0] == "scores":
-        return Step("scores", "score", f" --method {p[1]} --model {p[2]}", "score")
-    if len(p) == 4 and p[0] == "features" and p[2] == "curvature":
-        return Step("curvature", "curvature", f" --model {p[1]} --checkpoint {p[3]}", "curvature")
-    if len(p) >= 5 and p[0] == "features" and p[2] == "grads":
-        return _grads_step(p)
-    return None
+    found = stages.artifact_of(local)
+    if found is None:
+        return None
+    stage, values = found
+    args = (f" --replicate {r}" if r else "") + stage.cli_args(values)
+    return Step(stage.meta_stage, stage.command, args, stage.rule)
 
 
 def recovery(paths: Paths, name: str) -> str:

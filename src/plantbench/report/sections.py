@@ -25,7 +25,7 @@ def findings_section(found: pd.DataFrame) -> str:
     lines = [
         "## Findings against the papers",
         "",
-        "Each seed's findings, stated once (`src/plantbench/grading/findings.py`) and checked on "
+        "Each seed's findings, stated once (`src/plantbench/grading/findings/`) and checked on "
         "this run's own tables: reproduced when the whole 95% interval lies on the finding's "
         "side of its line, not reproduced when it lies wholly on the other side, inconclusive "
         "when it straddles or touches the line, not testable when the run lacks a method, a "
