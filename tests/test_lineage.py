@@ -340,3 +340,39 @@ def test_no_module_restates_the_stage_list() -> None:
                 found.add((mod, _definition(top)))
                 assert (mod, _definition(top)) in OWN_WORK, (mod, _definition(top), names)
     assert found == set(OWN_WORK)  # no stale exception
+
+
+# --------------------------------------------------------------------------- start-up writes
+
+
+def test_a_full_disk_at_start_up_is_one_line(tmp_path: Path, monkeypatch: Any) -> None:
+    import os
+
+    from plantbench.errors import PlantbenchError
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    target = tmp_path / "results" / "config.json"
+    with pytest.raises(PlantbenchError) as err:
+        runconfig.startup_write(target, "{}\n")
+    assert str(err.value).startswith("No space left on device '")
+    assert str(target) in str(err.value) and "free disk space and rerun" in str(err.value)
+    assert not target.exists()
+
+
+def test_snakemake_reports_a_start_up_write_it_cannot_make_in_one_line(tmp_path: Path) -> None:
+    """The parse-time write of a rule's config values fails (a file where its folder belongs):
+    one line naming the file and the fix, exit 1, no traceback from a rules file."""
+    from smokerun import snakemake
+
+    results = tmp_path / "results"
+    (results / runconfig.RUN_DIR).mkdir(parents=True)
+    (results / runconfig.RUN_DIR / "sections").write_text("in the way\n")
+    proc = snakemake(results, "-n")
+    assert proc.returncode == 1
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("plantbench: error:")]
+    assert len(lines) == 1, proc.stderr[-2000:]
+    assert "sections" in lines[0] and "the workflow's start-up" in lines[0]
+    assert "Traceback" not in proc.stderr
