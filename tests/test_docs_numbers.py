@@ -114,9 +114,10 @@ def _grad_dims(cfg: dict[str, Any]) -> int:
 
 
 def _methods() -> list[str]:
-    from plantbench.attribution.methods import registry
+    """The built-in methods (plug-ins an earlier test registered are not counted)."""
+    from plantbench.config import builtin_methods
 
-    return registry.available()
+    return list(builtin_methods())
 
 
 def _context_methods() -> list[str]:

@@ -156,8 +156,14 @@ def _jobs(text: str) -> set[str]:
 
 
 def _dry_jobs(results: Path, *configfiles: str) -> set[str]:
+    """The jobs a run with ``configfiles`` would do: a call that runs parses the workflow
+    first (it writes the rules' sections files; its target, the facts, is up to date), then a
+    dry run lists the jobs (a dry run itself writes nothing)."""
     from smokerun import snakemake
 
+    facts = str(results / "facts" / "meta.json")
+    proc = snakemake(results, facts, configfiles=configfiles)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     proc = snakemake(results, "-n", "--quiet", "rules", configfiles=configfiles)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return _jobs(proc.stdout + proc.stderr)
@@ -343,6 +349,22 @@ def test_no_module_restates_the_stage_list() -> None:
 
 
 # --------------------------------------------------------------------------- start-up writes
+
+
+@pytest.mark.parametrize(
+    ("argv", "looks"),
+    [
+        (["-n"], True),
+        (["-np", "--cores", "2"], True),
+        (["--dry-run"], True),
+        (["--lint"], True),
+        (["--report", "r.html"], True),
+        (["--profile", "profiles/slurm", "--cores", "2"], False),
+        (["--configfile", "my.yaml", "--config", "results=x"], False),
+    ],
+)
+def test_a_look_only_call_is_told_from_a_run(argv: list[str], looks: bool) -> None:
+    assert runconfig.looks_only(argv) is looks
 
 
 def test_a_full_disk_at_start_up_is_one_line(tmp_path: Path, monkeypatch: Any) -> None:

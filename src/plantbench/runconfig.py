@@ -68,20 +68,60 @@ def write_run_config(cfg: Mapping[str, Any]) -> Path:
     return path
 
 
+def _differs(path: Path, text: str) -> bool:
+    try:
+        return path.read_text(encoding="utf-8") != text
+    except OSError:
+        return True
+
+
 def sections_path(cfg: Mapping[str, Any], rule: str) -> Path:
     """The file that stands for ``rule``'s config values in the job graph (an input of the
     rule: see :func:`write_sections`)."""
     return Path(cfg["results"]) / RUN_DIR / "sections" / f"{rule}.json"
 
 
-def write_sections(cfg: Mapping[str, Any]) -> list[str]:
+# Snakemake options of a call that only looks at the workflow (it must write nothing)
+LOOK_ONLY = (
+    "--dry-run",
+    "--dryrun",
+    "--lint",
+    "--report",
+    "--summary",
+    "--detailed-summary",
+    "--list-changes",
+    "--lc",
+    "--dag",
+    "--rulegraph",
+    "--filegraph",
+    "--d3dag",
+    "--list-rules",
+    "--list-target-rules",
+    "--containerize",
+)
+
+
+def looks_only(argv: list[str]) -> bool:
+    """Whether a Snakemake command line only looks (``-n``, ``-np``, ``--lint``, ``--report``,
+    a summary or a graph): such a call writes nothing, not even the sections files."""
+    for arg in argv:
+        if arg.split("=", 1)[0] in LOOK_ONLY or arg in ("-S", "-D", "-l"):
+            return True
+        if arg.startswith("-") and not arg.startswith("--") and "n" in arg[1:]:
+            return True  # -n, -np, -pn, ... (short flags clustered)
+    return False
+
+
+def write_sections(cfg: Mapping[str, Any], *, write: bool = True) -> list[str]:
     """For every rule, write the config values its outputs depend on to :func:`sections_path`
     when they differ from what the file holds; returns the rules whose file changed.
 
     Each rule reads its file as an input, so Snakemake sees a config change through the file's
     time like any newer input: a results folder copied without Snakemake's metadata
     (``.snakemake/``) still reruns exactly the rules a change touches. Written when the workflow
-    is parsed (a dry run too: the job list it shows is then the one a run will do); a file whose
+    is parsed by a call that runs (a dry run, ``--lint`` or ``--report`` writes nothing: in a
+    folder without Snakemake's metadata its job list shows a change once a run has parsed the
+    workflow; with the metadata the params show it at once); a file whose
     values are those the rule's newest artifact records gets a time that makes nothing look out
     of date (a dry run of another config, then a run of the config the artifacts were made
     under, reruns nothing)."""
@@ -92,8 +132,12 @@ def write_sections(cfg: Mapping[str, Any]) -> list[str]:
     for rule in RULE_SECTIONS:
         values = lineage.config_values(cfg, rule)
         doc = {"rule": rule, "params": rule_sections(cfg, rule), "config": values}
-        path = sections_path(cfg, rule)
-        if startup_write(path, io.dumps_json(doc)):
+        path, text = sections_path(cfg, rule), io.dumps_json(doc)
+        if not write:  # a look-only call: report what a run would rewrite, write nothing
+            if _differs(path, text):
+                changed.append(rule)
+            continue
+        if startup_write(path, text):
             changed.append(rule)
             newest = lineage.newest_record(paths, rule)
             if newest is None or newest.get("config") == values:

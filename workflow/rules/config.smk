@@ -31,8 +31,9 @@ R = config["results"]
 
 try:
     # each rule's config values as a file it reads (plantbench.runconfig.write_sections): a
-    # change reaches Snakemake through the file's time, with or without .snakemake/ metadata
-    _changed = _pbrun.write_sections(config)
+    # change reaches Snakemake through the file's time, with or without .snakemake/ metadata.
+    # A call that only looks (a dry run, --lint, --report, a summary) writes nothing.
+    _changed = _pbrun.write_sections(config, write=not _pbrun.looks_only(sys.argv[1:]))
 except _pberrors.PlantbenchError as _exc:  # a full or read-only results disk: one line
     print(f"plantbench: error: {_exc}", file=sys.stderr, flush=True)
     raise SystemExit(1) from None
