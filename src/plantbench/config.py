@@ -253,7 +253,7 @@ def _check_grid_fits(cfg: dict[str, Any]) -> None:
     cannot fit stops the run before anything is written)."""
     f = cfg["facts"]
     paired = len(layout.paired_windows(cfg))
-    per_position = len(f["domains"]) * int(f["facts_per_cell"]) * sum(int(x) for x in f["n_docs"])
+    per_position = layout.planted_per_position(cfg)
     for pos in f["positions"]:
         span = len(layout.span_windows(cfg, pos))
         if per_position > span:

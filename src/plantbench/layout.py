@@ -145,22 +145,40 @@ def tracin_checkpoints(cfg: Mapping[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- the pool
 
 
-def n_facts(cfg: Mapping[str, Any]) -> int:
+def n_cells(cfg: Mapping[str, Any]) -> int:
+    """The grid's cells: domain x documents per fact x position x twin."""
     f = cfg["facts"]
-    cells = len(f["domains"]) * len(f["n_docs"]) * len(f["positions"]) * len(MODELS)
-    return cells * int(f["facts_per_cell"])
+    return len(f["domains"]) * len(f["n_docs"]) * len(f["positions"]) * len(MODELS)
+
+
+def n_facts(cfg: Mapping[str, Any]) -> int:
+    return n_cells(cfg) * int(cfg["facts"]["facts_per_cell"])
+
+
+def planted_per_position(cfg: Mapping[str, Any]) -> int:
+    """Planted windows of one position's span in one twin's stream (A's and B's facts of a cell
+    and pair share their slots, so both twins plant this many there)."""
+    f = cfg["facts"]
+    return len(f["domains"]) * int(f["facts_per_cell"]) * sum(int(x) for x in f["n_docs"])
+
+
+# The linears of every transformer block that attribution takes gradients of: attention's
+# q, k, v and o, and the SwiGLU's gate, up and down projections. The model's own list at run
+# time (plantbench.model.modeling.block_linear_names) is checked against it; the plan and the
+# benchmarks count with it.
+BLOCK_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def tracked_linears(n_layer: int) -> int:
+    """How many linears gradients are taken of in a model of ``n_layer`` blocks."""
+    return len(BLOCK_LINEARS) * int(n_layer)
 
 
 def pool_counts(cfg: Mapping[str, Any]) -> dict[str, int]:
     """Planted, distractor and random background windows of one model's pool (from the config
     alone: each fact has its own entity, and both twins have the same grid)."""
     f = cfg["facts"]
-    planted = (
-        len(f["domains"])
-        * len(f["positions"])
-        * int(f["facts_per_cell"])
-        * sum(int(x) for x in f["n_docs"])
-    )
+    planted = planted_per_position(cfg) * len(f["positions"])
     distractor = n_facts(cfg) * int(f["distractors_per_entity"])
     n = n_windows(cfg)
     # A and B share planted slots; reading episodes and recall windows are not background

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from plantbench import layout
 from plantbench.errors import ArtifactError, ConfigError
 
 if TYPE_CHECKING:  # transformers' Llama import costs seconds: only the functions that need it pay
@@ -122,9 +123,18 @@ def load_model(
 
 
 def block_linear_names(model: torch.nn.Module) -> list[str]:
-    """Names of every nn.Linear inside the transformer blocks (not the embedding or head)."""
-    return [
+    """Names of every nn.Linear inside the transformer blocks (not the embedding or head):
+    the linears :data:`plantbench.layout.BLOCK_LINEARS` names, in every block (checked)."""
+    names = [
         name
         for name, mod in model.named_modules()
         if isinstance(mod, torch.nn.Linear) and ".layers." in f".{name}"
     ]
+    kinds = sorted({n.rsplit(".", 1)[-1] for n in names})
+    if kinds != sorted(layout.BLOCK_LINEARS) or len(names) % len(layout.BLOCK_LINEARS):
+        raise ArtifactError(
+            f"the model's block linears are {', '.join(kinds)}, not plantbench.layout's "
+            f"{', '.join(layout.BLOCK_LINEARS)} in every block; attribution, the plan and the "
+            "benchmarks count those"
+        )
+    return names

@@ -244,20 +244,13 @@ def shape_of(cfg: dict[str, Any]) -> Shape:
 
 
 def n_facts(cfg: dict[str, Any]) -> int:
-    f = cfg["facts"]
-    return (
-        len(f["domains"])
-        * len(f["n_docs"])
-        * len(f["positions"])
-        * len(MODELS)
-        * int(f["facts_per_cell"])
-    )
+    return layout.n_facts(cfg)
 
 
 def grad_dims(cfg: dict[str, Any]) -> int:
     """Projected gradient dimensions: ``features.grad_dims`` for a count sketch, 7 block
     linears per layer x k_out x k_in for LoGra."""
-    return layout.grad_dims(cfg, 7 * int(cfg["model"]["n_layer"]))
+    return layout.grad_dims(cfg, layout.tracked_linears(cfg["model"]["n_layer"]))
 
 
 @dataclass(frozen=True)
@@ -529,7 +522,7 @@ def _grads_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
 def _fisher_size(cfg: dict[str, Any], z: _Sizes) -> tuple[int, int]:
     """(entries, blocks) of the projected Fisher: ``k^2 x k^2`` per block linear (LoGra in
     block mode), else one ``D x D`` block (a sketch is one block)."""
-    blocks = 7 * z.s.n_layer
+    blocks = layout.tracked_linears(z.s.n_layer)
     kk = int(cfg["features"]["grad_k_in"]) * int(cfg["features"]["grad_k_out"])
     per_module = cfg["curvature"]["mode"] == "block" and cfg["features"]["projection"] == "logra"
     return (blocks * kk * kk, blocks) if per_module else (z.D * z.D, 1)
@@ -758,7 +751,11 @@ def _fidelity_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
 
 def _sweep_flops(cfg: dict[str, Any], s: Shape, tokens: float) -> float:
     """The fidelity sweep: per size one projected-gradient pass over the subset and queries."""
-    grad, p, modules = s.grad_flops_per_token(), s.block_linear_params, 7 * s.n_layer
+    grad, p, modules = (
+        s.grad_flops_per_token(),
+        s.block_linear_params,
+        layout.tracked_linears(s.n_layer),
+    )
     out = 0.0
     for k in layout.sweep_dims(cfg):  # LoGra k x k: project x and delta, then the outer sum
         out += tokens * (grad + 2 * k * s.n_layer * s.linear_io + 2 * k * k * modules)

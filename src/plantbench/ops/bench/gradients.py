@@ -83,6 +83,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from plantbench import layout
 from plantbench.ops.bench.measure import PeakMem, best_time, spawn
 from plantbench.paths import CHECKOUT
 
@@ -131,7 +132,7 @@ def flops_per_window(
     shapes = [(d, d)] * 4 + [(d, i)] * 2 + [(i, d)]  # (in, out) per module of one layer
     p_b = shape.block_linear_params
     p_h = shape.matmul_params - p_b
-    m = 7 * L
+    m = layout.tracked_linears(L)
     dims = m * k_in * k_out
     attn = 12 * L * T * T * d
     hooks = 2 * T * L * sum(a * k_in + b * k_out for a, b in shapes) + 2 * T * dims
