@@ -176,9 +176,9 @@ def test_reference_without_float_paths_is_malformed(tmp_path, smoke_cfg):
 BF16_ATTENTION = """
 import plantbench  # the pin, before torch runs a kernel
 import torch
-from plantbench.model import pretrain
+from plantbench.model import train_loop
 q = torch.randn(1, 12, 256, 64, requires_grad=True)
-with pretrain._autocast("bf16", torch.device("cpu")):
+with train_loop.autocast("bf16", torch.device("cpu")):
     out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
 out.float().sum().backward()
 print(out.dtype, bool(torch.isfinite(q.grad).all()))
