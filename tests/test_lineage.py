@@ -162,7 +162,7 @@ def _dry_jobs(results: Path, *configfiles: str) -> set[str]:
     from smokerun import snakemake
 
     facts = str(results / "facts" / "meta.json")
-    proc = snakemake(results, facts, configfiles=configfiles)
+    proc = snakemake(results, "--", facts, configfiles=configfiles)
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = snakemake(results, "-n", "--quiet", "rules", configfiles=configfiles)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -386,13 +386,13 @@ def test_a_full_disk_at_start_up_is_one_line(tmp_path: Path, monkeypatch: Any) -
 
 def test_snakemake_reports_a_start_up_write_it_cannot_make_in_one_line(tmp_path: Path) -> None:
     """The parse-time write of a rule's config values fails (a file where its folder belongs):
-    one line naming the file and the fix, exit 1, no traceback from a rules file."""
+    one line naming the file and the fix, exit 1, no traceback from a rules file, nothing run."""
     from smokerun import snakemake
 
     results = tmp_path / "results"
     (results / runconfig.RUN_DIR).mkdir(parents=True)
     (results / runconfig.RUN_DIR / "sections").write_text("in the way\n")
-    proc = snakemake(results, "-n")
+    proc = snakemake(results, "--", str(results / "facts" / "meta.json"))  # a call that runs
     assert proc.returncode == 1
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("plantbench: error:")]
     assert len(lines) == 1, proc.stderr[-2000:]

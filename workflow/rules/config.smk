@@ -33,7 +33,8 @@ try:
     # each rule's config values as a file it reads (plantbench.runconfig.write_sections): a
     # change reaches Snakemake through the file's time, with or without .snakemake/ metadata.
     # A call that only looks (a dry run, --lint, --report, a summary) writes nothing.
-    _changed = _pbrun.write_sections(config, write=not _pbrun.looks_only(sys.argv[1:]))
+    _LOOK_ONLY = _pbrun.looks_only(sys.argv[1:])
+    _changed = _pbrun.write_sections(config, write=not _LOOK_ONLY)
 except _pberrors.PlantbenchError as _exc:  # a full or read-only results disk: one line
     print(f"plantbench: error: {_exc}", file=sys.stderr, flush=True)
     raise SystemExit(1) from None
@@ -160,7 +161,10 @@ def sections(rule):
 def config_input(rule):
     """The file holding the config values ``rule`` depends on (an input: written at parse time
     when they change, so the rule reruns without Snakemake's metadata too)."""
-    return str(_pbrun.sections_path(config, rule))
+    path = _pbrun.sections_path(config, rule)
+    if _LOOK_ONLY and not path.is_file():  # a dry run of a fresh folder writes nothing
+        return []
+    return str(path)
 
 
 # Data steps stream the text (src/plantbench/data/corpus.py, tokenizer.py, stream.py): their memory
