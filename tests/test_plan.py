@@ -383,6 +383,41 @@ def test_rule_memory_follows_the_plan() -> None:
     assert plan.rule_mem_mb(smoke, "grads", 3000) == 3000
 
 
+def test_every_planned_rule_asks_the_plan_for_its_memory() -> None:
+    """One memory model: each rule the plan counts (the data steps included) takes its mem_mb
+    from its plan row (``plan_mem_mb("<row>", floor)``); only the unplanned rules (the stage
+    catalogue's ``unplanned`` reason) keep a fixed request."""
+    from plantbench import stages
+
+    files = [ROOT / "Snakefile", *sorted((ROOT / "workflow" / "rules").glob("*.smk"))]
+    text = "\n".join(f.read_text() for f in files)
+    blocks = dict(re.findall(r"^rule (\w+):\n(.*?)(?=^\S|\Z)", text, re.M | re.S))
+    for stage in stages.STAGES:
+        asked = re.search(r"mem_mb=(.*),", blocks[stage.rule])
+        assert asked, stage.rule
+        if stage.plan_stage is None:
+            assert "plan_mem_mb" not in asked[1], stage.rule
+        else:
+            assert asked[1].startswith(f'plan_mem_mb("{stage.plan_stage}", '), stage.rule
+
+
+def test_the_data_steps_hold_their_duplicate_filter_and_manifest(paper: dict) -> None:
+    """The corpus step holds a digest per document (counted at one a kB of text), the stream
+    step one model's manifest; at the paper preset the corpus asks more than its floor."""
+    mem = {st.stage: st.mem_bytes for st in plan.plan(paper)}
+    text = paper["corpus"]["max_bytes"]
+    batch = min(text, plan.ROW_GROUP_CHARS) * 4.0
+    dedup = text / plan.DOC_BYTES * plan.DEDUP_BYTES_PER_DOC
+    assert mem["corpus"] == plan.BASE_BYTES + batch + dedup
+    small = config.deep_merge(paper, {"train": {"steps": paper["train"]["steps"] // 2}})
+    n_win = paper["train"]["steps"] * paper["train"]["batch_windows"]
+    half = (paper["train"]["steps"] // 2) * paper["train"]["batch_windows"]
+    drop = mem["stream"] - _stage(plan.plan(small), "stream").mem_bytes
+    # the recall windows scale with the steps too: the drop is at least the manifest's
+    assert drop >= (n_win - half) * plan.MANIFEST_BYTES_PER_WINDOW
+    assert plan.rule_mem_mb(plan.plan(paper), "corpus", 4000) > 4000
+
+
 def test_every_planned_stage_has_its_artifact_folders() -> None:
     """``plan --measured``'s disk column: each stage of the plan (default and paper) is measured
     on the folders its rules write, all inside the results folder."""

@@ -23,7 +23,7 @@ rule pool:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=lambda wc, attempt: 2000 * attempt,
+        mem_mb=plan_mem_mb("pool", 2000),
         runtime=lambda wc, attempt: 10 * attempt,
     params:
         replicate=replicate_of,

@@ -167,17 +167,11 @@ def config_input(rule):
     return str(path)
 
 
-# Data steps stream the text (src/plantbench/data/corpus.py, tokenizer.py, stream.py): their memory
-# does not grow with the corpus except for the counts below. Rates measured on the 2-core test
-# machine (400 MB of jsonl: corpus 15 s, tokenizer 64 s, stream 95 s); runtimes in minutes.
+# Data steps stream the text (src/plantbench/data/corpus.py, tokenizer.py, stream.py); their memory
+# comes from the plan like every other step's (below). Runtimes in minutes, from rates measured on
+# the 2-core test machine (400 MB of jsonl: corpus 15 s, tokenizer 64 s, stream 95 s).
 def _text_mb():
     return config["corpus"]["max_bytes"] / 10**6
-
-
-def corpus_mem_mb(wc, attempt):
-    """Row groups of 128M characters (~0.7 GB peak measured) + ~150 bytes of duplicate
-    filter per document (counted at 1 kB a document)."""
-    return attempt * max(4000, int(2000 + 0.15 * _text_mb()))
 
 
 def corpus_runtime(wc, attempt):
@@ -190,31 +184,16 @@ def _tokenizer_mb():
     return min(_text_mb(), cap) if cap else _text_mb()
 
 
-def tokenizer_mem_mb(wc, attempt):
-    """The BPE trainer's word and pair counts (0.23 GB at 100 MB, 0.34 GB at 400 MB of
-    synthetic text; real text has more distinct words): a byte per byte of text, at least 4 GB.
-    """
-    return attempt * max(4000, int(_tokenizer_mb()))
-
-
 def tokenizer_runtime(wc, attempt):
     # training on the sample, plus reading the whole corpus file to draw it
     return attempt * max(30, int(0.004 * _tokenizer_mb() + 0.0005 * _text_mb()))
-
-
-def stream_mem_mb(wc, attempt):
-    """The manifest (~300 bytes a window) and the document offsets; the background tokens are
-    a memory-mapped scratch file and the windows are written through a memmap."""
-    t = config["train"]
-    windows = t["steps"] * t["batch_windows"]
-    return attempt * max(4000, int(2000 + 300 * windows / 10**6))
 
 
 def stream_runtime(wc, attempt):
     return attempt * max(60, int(0.006 * _text_mb()))
 
 
-# The model steps' memory: each rule's mem_mb is `plantbench plan`'s per-job peak memory for its
+# Every step's memory: each rule's mem_mb is `plantbench plan`'s per-job peak memory for its
 # stage (src/plantbench/ops/plan.py, rule_mem_mb; checked within 2x of the benchmark files by the
 # rehearsal, tests/test_rehearsal.py) plus a quarter, never below the rule's floor (MB), times the
 # attempt. A stage the plan leaves out for this config (no EK-FAC, no prefix) gets the floor. At

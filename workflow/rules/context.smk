@@ -20,7 +20,7 @@ rule context_build:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=2000,
+        mem_mb=plan_mem_mb("context_build", 2000),
         runtime=10,
     params:
         sections=sections("context_build"),
@@ -90,7 +90,7 @@ rule context_analysis:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=2000,
+        mem_mb=plan_mem_mb("context_analysis", 2000),
         runtime=10,
     params:
         sections=sections("context_analysis"),

@@ -20,7 +20,7 @@ rule facts:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=2000,
+        mem_mb=plan_mem_mb("facts", 2000),
         runtime=10,
     params:
         sections=sections("facts"),
@@ -44,7 +44,7 @@ rule corpus:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=corpus_mem_mb,
+        mem_mb=plan_mem_mb("corpus", 4000),
         runtime=corpus_runtime,
     params:
         sections=sections("corpus"),
@@ -68,7 +68,7 @@ rule tokenizer:
     threads: config["train"]["threads"]  # the tokenizers library encodes in parallel
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=tokenizer_mem_mb,
+        mem_mb=plan_mem_mb("tokenizer", 4000),
         runtime=tokenizer_runtime,
     params:
         sections=sections("tokenizer"),
@@ -96,7 +96,7 @@ rule stream:
     threads: config["train"]["threads"]
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=stream_mem_mb,
+        mem_mb=plan_mem_mb("stream", 4000),
         runtime=stream_runtime,
     params:
         replicate=replicate_of,

@@ -46,7 +46,7 @@ rule analysis:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=4000,
+        mem_mb=plan_mem_mb("analysis+report", 4000),
         runtime=15,
     params:
         replicate=replicate_of,

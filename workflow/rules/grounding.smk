@@ -20,7 +20,7 @@ rule grounding_build:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=2000,
+        mem_mb=plan_mem_mb("grounding_build", 2000),
         runtime=10,
     params:
         sections=sections("grounding_build"),
@@ -82,7 +82,7 @@ rule grounding_analysis:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=2000,
+        mem_mb=plan_mem_mb("grounding_analysis", 2000),
         runtime=10,
     params:
         sections=sections("grounding_analysis"),

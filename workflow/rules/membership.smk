@@ -19,7 +19,7 @@ rule membership_samples:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=2000,
+        mem_mb=plan_mem_mb("membership_samples", 2000),
         runtime=10,
     params:
         sections=sections("membership_samples"),
@@ -85,7 +85,7 @@ rule membership_analysis:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=2000,
+        mem_mb=plan_mem_mb("membership_analysis", 2000),
         runtime=10,
     params:
         sections=sections("membership_analysis"),

@@ -87,7 +87,7 @@ rule report:
     threads: 1
     resources:
         run_config=RUN_CONFIG,
-        mem_mb=2000,
+        mem_mb=plan_mem_mb("analysis+report", 2000),
         runtime=10,
     params:
         sections=sections("report"),

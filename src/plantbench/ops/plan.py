@@ -119,6 +119,12 @@ ROW_GROUP_CHARS = 128e6  # characters a streaming data step holds at once (corpu
 TORCH_BASE_BYTES = 0.75e9  # ... with torch and transformers imported
 ENCODE_BYTES = 27 * layout.ENCODE_CHARS  # one tokenizer call's encodings (the stream step)
 RECALL_WINDOW_BYTES = 500  # a recall window held: its objects, beside its ids and uint8 mask
+# the corpus step's duplicate filter: one xxh3-128 hex digest in a set per kept document (~150
+# bytes), documents counted at one per kB of text (an upper bound on the count: web text averages
+# several kB a document)
+DEDUP_BYTES_PER_DOC = 150
+DOC_BYTES = 1000
+MANIFEST_BYTES_PER_WINDOW = 300  # the stream step's manifest columns, held until written
 LOGIT_BYTES = 12  # per token and vocabulary entry: fp32 logits, their gradient, log-softmax
 GRAD_LOGIT_BYTES = 6  # the per-example gradient pass: its logits freed once their gradient is
 # formed (measured on the rehearsal: 1.6 GB a job at 4 windows x 1,024 x 32,768)
@@ -356,7 +362,7 @@ def _data_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
         1,
         f"collect up to {_si(corpus_bytes)}B of text",
         disk_bytes=corpus_bytes,
-        mem_bytes=BASE_BYTES + batch_text,
+        mem_bytes=BASE_BYTES + batch_text + corpus_bytes / DOC_BYTES * DEDUP_BYTES_PER_DOC,
     )
     cap = float(cfg["tokenizer"].get("max_train_bytes", 0))
     on = f"a {_si(cap)}B sample" if cap and cap < corpus_bytes else "the corpus"
@@ -377,8 +383,13 @@ def _data_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
         tokens=nm * z.tokens_per_model,
         disk_bytes=nm * (z.tokens_per_model * z.tok_bytes + n_win * 40),
         # a row group of documents and one tokenizer call's encodings (the tokens go to a
-        # memory-mapped scratch file), and every recall window until both streams are written
-        mem_bytes=BASE_BYTES + batch_text + ENCODE_BYTES + recall_bytes,
+        # memory-mapped scratch file), every recall window until both streams are written, and
+        # one model's manifest
+        mem_bytes=BASE_BYTES
+        + batch_text
+        + ENCODE_BYTES
+        + recall_bytes
+        + n_win * MANIFEST_BYTES_PER_WINDOW,
     )
     return [corpus, tokenizer, stream]
 
