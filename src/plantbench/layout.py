@@ -259,6 +259,28 @@ def ekfac_query_chunks(
     return query_chunks(n_q, n_params, 4, budget)
 
 
+ASTRA_DEFAULTS: dict[str, Any] = {
+    "steps": 3,
+    "damping_ratio": 0.1,
+    "windows": 64,
+    "step_size": "auto",
+}
+"""``methods.astra``'s defaults (ekfac_astra, :mod:`plantbench.attribution.ekfac.astra`)."""
+ASTRA_POWER_STEPS = 10  # power iterations of ASTRA's automatic step size (within ~1% in the tests)
+
+
+def astra_enabled(cfg: Mapping[str, Any]) -> bool:
+    """Whether the final checkpoint's ``ekfac`` step also refines with ASTRA (``ekfac_astra`` is
+    in ``methods.enabled``)."""
+    return "ekfac_astra" in cfg["methods"]["enabled"]
+
+
+def astra_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """ASTRA's settings: ``methods.astra`` over :data:`ASTRA_DEFAULTS` (recorded with its scores,
+    checked by the method that reads them)."""
+    return {**ASTRA_DEFAULTS, **dict(cfg["methods"].get("astra") or {})}
+
+
 # --------------------------------------------------------------------------- fidelity
 
 

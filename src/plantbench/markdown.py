@@ -42,6 +42,7 @@ METHOD_LABELS = {
     "ekfac": "EK-FAC influence",
     "tracin_ekfac": "TracIn, EK-FAC influence",
     "trackstar": "TrackStar",
+    "ekfac_astra": "EK-FAC influence with ASTRA",
 }
 
 

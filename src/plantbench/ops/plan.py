@@ -490,7 +490,8 @@ def _factor_squares(s: Shape) -> int:
 def _ekfac_checkpoints(cfg: dict[str, Any], k_tr: int) -> int:
     """Checkpoints per model with an EK-FAC fit (their grads_pool jobs sum its factors)."""
     enabled = cfg["methods"]["enabled"]
-    return int("ekfac" in enabled) + (k_tr - 1 if "tracin_ekfac" in enabled else 0)
+    final = "ekfac" in enabled or layout.astra_enabled(cfg)
+    return int(final) + (k_tr - 1 if "tracin_ekfac" in enabled else 0)
 
 
 def _grads_stage(cfg: dict[str, Any], z: _Sizes) -> Stage:
@@ -560,8 +561,11 @@ def _curvature_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
             mem_bytes=BASE_BYTES + 0.2e9 + 6 * cov * 8,
         )
     ]
-    if "ekfac" in cfg["methods"]["enabled"]:
-        out.append(_ekfac_stage(s, nm, n_pool, n_queries, budget, b))
+    if "ekfac" in cfg["methods"]["enabled"] or layout.astra_enabled(cfg):
+        ekfac = _ekfac_stage(s, nm, n_pool, n_queries, budget, b)
+        out.append(
+            _with_astra(cfg, ekfac, s, n_pool, n_queries, b) if layout.astra_enabled(cfg) else ekfac
+        )
     if "tracin_ekfac" in cfg["methods"]["enabled"] and k_tr > 1:
         more = f"as ekfac, at {k_tr - 1} more TracIn checkpoint(s) per model"
         out.append(
@@ -675,6 +679,28 @@ def _ekfac_stage(
         gpu=True,
         disk_bytes=nm * n_pool * n_queries * 8,
         mem_bytes=mem,
+    )
+
+
+def _with_astra(
+    cfg: dict[str, Any], st: Stage, s: Shape, n_pool: int, n_queries: int, b: int
+) -> Stage:
+    """The final ``ekfac`` stage with ASTRA's refinement (``ekfac_astra``,
+    :mod:`plantbench.attribution.ekfac.astra`): per query ``steps`` Gauss-Newton products (and
+    ``ASTRA_POWER_STEPS`` more once per model), each a forward with tangents and a backward over
+    ``windows`` sample windows, counted as 1.5 gradient passes a token; its vectors share the
+    query chunks' budget and ride on the same scoring passes; a second scores file; the tangents
+    double a batch's activations (the logits, their tangents and the softmax's product)."""
+    a = layout.astra_settings(cfg)
+    products = st.jobs * (n_queries * int(a["steps"]) + layout.ASTRA_POWER_STEPS)
+    tokens = products * min(int(a["windows"]), n_pool) * s.window
+    return replace(
+        st,
+        work=f"{st.work}; ASTRA {a['steps']} steps x {a['windows']} windows a query",
+        tokens=st.tokens + tokens,
+        flops=st.flops + tokens * 1.5 * s.grad_flops_per_token(),
+        disk_bytes=2 * st.disk_bytes,
+        mem_bytes=st.mem_bytes + s.act_bytes(b * s.window),
     )
 
 

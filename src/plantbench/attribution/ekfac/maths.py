@@ -180,11 +180,17 @@ def fit(
     lam, count = corrected_eigenvalues(
         net, names, q_in, q_out, window_batches(windows, batch, dev), dtype, progress("eigenvalues")
     )
-    damping = {}
-    for n in names:
-        mean = float(lam[n].mean())
-        damping[n] = damping_ratio * mean if mean > 0 else 1.0
-    return EKFAC(names, q_in, q_out, lam, damping, count)
+    return EKFAC(names, q_in, q_out, lam, damping_of(lam, damping_ratio), count)
+
+
+def damping_of(lam: dict[str, torch.Tensor], damping_ratio: float) -> dict[str, float]:
+    """Per module ``lambda_m = damping_ratio x mean(Lambda_m)`` (1 where no gradient reached
+    the module): kronfluence's heuristic, so the damping follows each block's own scale."""
+    out = {}
+    for n, v in lam.items():
+        mean = float(v.mean())
+        out[n] = damping_ratio * mean if mean > 0 else 1.0
+    return out
 
 
 def preconditioned_queries(
@@ -242,15 +248,40 @@ def chunked_scores(
     what: str = "ekfac",
 ) -> np.ndarray:
     """Every query's scores against every window, the queries in :func:`plantbench.layout.ekfac_query_chunks`."""
+    makers = [lambda part: preconditioned_queries(net, ek, part)]
+    n_params = sum(int(v.numel()) for v in ek.lam.values())
+    return chunked_scores_of(net, makers, n_params, queries_batch, windows, batch, budget, what)[0]
+
+
+QueryVectors = Callable[[Batch], dict[str, torch.Tensor]]
+"""Per module the vectors ``[n_q, out*in]`` of a chunk of queries to dot with the windows'
+gradients (EK-FAC's preconditioned query gradients, ASTRA's refined ones)."""
+
+
+def chunked_scores_of(
+    net: torch.nn.Module,
+    makers: Sequence[QueryVectors],
+    n_params: int,
+    queries_batch: Batch,
+    windows: np.ndarray,
+    batch: int,
+    budget: int = layout.EKFAC_MEMORY_BYTES,
+    what: str = "ekfac",
+) -> list[np.ndarray]:
+    """One score matrix ``[n_q, n_windows]`` per maker, all from the same passes over the pool:
+    each chunk of queries (every maker's ``n_params`` float32 values per query within
+    ``budget``) has each maker's vectors stacked and dotted with every window's gradient once."""
     dev = device_of(net)
     ids, mask, attn = (None if t is None else t.to(dev) for t in queries_batch)
-    n_params = sum(int(v.numel()) for v in ek.lam.values())
-    chunks = layout.ekfac_query_chunks(ids.shape[0], n_params, budget)
-    out = np.zeros((ids.shape[0], len(windows)), dtype=np.float64)
+    chunks = layout.ekfac_query_chunks(ids.shape[0], n_params * len(makers), budget)
+    outs = [np.zeros((ids.shape[0], len(windows)), dtype=np.float64) for _ in makers]
     for c, (a, b) in enumerate(chunks):
         part = (ids[a:b], mask[a:b], None if attn is None else attn[a:b])
-        pre = preconditioned_queries(net, ek, part)
+        made = [make(part) for make in makers]
+        pre = made[0] if len(made) == 1 else {n: torch.cat([m[n] for m in made]) for n in made[0]}
+        del made
         prog = artifacts.Progress(f"{what} scores (queries {c + 1}/{len(chunks)})", len(windows))
-        batches = window_batches(windows, batch, dev)
-        out[a:b] = scores(net, pre, batches, len(windows), progress=prog)
-    return out
+        tile = scores(net, pre, window_batches(windows, batch, dev), len(windows), progress=prog)
+        for k, out in enumerate(outs):
+            out[a:b] = tile[k * (b - a) : (k + 1) * (b - a)]
+    return outs

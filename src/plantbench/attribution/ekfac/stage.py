@@ -13,16 +13,20 @@ import pandas as pd
 import torch
 
 from plantbench import artifacts, floats, layout
+from plantbench.attribution.ekfac.astra import Astra, sample_rows
 from plantbench.attribution.ekfac.factors import FactorSums, merge
 from plantbench.attribution.ekfac.maths import (
+    EKFAC,
     Batch,
-    chunked_scores,
+    chunked_scores_of,
     fit,
+    preconditioned_queries,
 )
 from plantbench.attribution.ekfac.store import config_hash, write_scores
 from plantbench.attribution.gradients.store import SHARD_JSON, GradientStore
 from plantbench.errors import ArtifactError
 from plantbench.paths import Paths
+from plantbench.rng import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +67,56 @@ def _shard_factors(
     return merge(parts), "the grads_pool shards' pass", shards_used
 
 
+def _astra(
+    cfg: dict[str, Any], model: str, net: torch.nn.Module, ek: EKFAC, windows: np.ndarray
+) -> Astra | None:
+    """ASTRA's query refinement (:mod:`plantbench.attribution.ekfac.astra`) where ``ekfac_astra``
+    is enabled: its Gauss-Newton sample of ``methods.astra.windows`` seeded pool windows."""
+    if not layout.astra_enabled(cfg):
+        return None
+    st = layout.astra_settings(cfg)
+    rows = sample_rows(int(cfg["seed"]), model, len(windows), int(st["windows"]))
+    return Astra(
+        net,
+        ek,
+        windows[rows],
+        steps=int(st["steps"]),
+        damping_ratio=float(st["damping_ratio"]),
+        step_size=None if st["step_size"] == "auto" else float(st["step_size"]),
+        batch=int(cfg["features"]["batch_windows"]),
+        seed=derive_seed(int(cfg["seed"]), "astra-power", model),
+    )
+
+
+def _scores(
+    cfg: dict[str, Any],
+    model: str,
+    net: torch.nn.Module,
+    ek: EKFAC,
+    astra: Astra | None,
+    queries: Batch,
+    windows: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """EK-FAC's scores and ASTRA's (None without it), both from the same passes over the pool
+    (:func:`plantbench.attribution.ekfac.maths.chunked_scores_of`), checked finite."""
+    makers = [lambda part: preconditioned_queries(net, ek, part)]
+    n_params = sum(int(v.numel()) for v in ek.lam.values())
+    outs = chunked_scores_of(
+        net,
+        makers if astra is None else [*makers, astra],
+        n_params,
+        queries,
+        windows,
+        int(cfg["features"]["batch_windows"]),
+        layout.ekfac_memory_bytes(cfg),
+        f"ekfac {model}",
+    )
+    for name, out in zip(("EK-FAC", "ASTRA"), outs, strict=False):
+        if not np.isfinite(out).all():
+            raise ArtifactError(f"{name} scores of model {model} are not finite; check the model")
+    return outs[0], (outs[1] if astra is not None else None)
+
+
 def run(
     cfg: dict[str, Any],
     paths: Paths,
@@ -94,18 +148,10 @@ def run(
         factors=sums,
     )
     t1 = time.time()
-    out = chunked_scores(
-        net,
-        ek,
-        _query_batch(paths, qs),
-        windows,
-        batch,
-        budget=layout.ekfac_memory_bytes(cfg),
-        what=f"ekfac {model}",
-    )
+    final = checkpoint == layout.final_checkpoint(cfg)
+    astra = _astra(cfg, model, net, ek, windows) if final else None
+    out, refined = _scores(cfg, model, net, ek, astra, _query_batch(paths, qs), windows)
     seconds = {"fit": round(t1 - t0, 3), "scores": round(time.time() - t1, 3)}
-    if not np.isfinite(out).all():
-        raise ArtifactError(f"EK-FAC scores of model {model} are not finite; check the model")
     inputs = {
         "pool": pmeta["hash"],
         "facts": fmeta["hash"],
@@ -124,7 +170,10 @@ def run(
         "factors_from": source if sums is not None else f"its own pass ({source})",
         **ek.info(),
     }
-    meta = write_scores(where, out, config_hash(cfg), inputs, info)
+    settings = None if astra is None else layout.astra_settings(cfg)
+    if astra is not None:
+        info["astra"] = {"settings": settings, **astra.info()}
+    meta = write_scores(where, out, config_hash(cfg, settings), inputs, info, refined)
     log.info(
         "ekfac %s %s: %d x %d scores, %s s -> %s", model, checkpoint, *out.shape, seconds, where
     )
