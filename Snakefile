@@ -11,7 +11,9 @@ configfile: "config.yaml"
 report: "workflow/report/workflow.rst"
 
 
-# one rules file per stage, each named after its package or module in src/plantbench/
+# one rules file per stage, each named after its package or module in src/plantbench/; every
+# artifact path comes from the stage catalogue (src/plantbench/stages.py) through artifact() in
+# workflow/rules/layout.smk
 include: "workflow/rules/config.smk"
 include: "workflow/rules/layout.smk"
 include: "workflow/rules/data.smk"
@@ -31,5 +33,5 @@ include: "workflow/rules/export.smk"
 rule all:
     default_target: True
     input:
-        f"{R}/report/report.md",
-        expand("{R}/{rep}analysis/meta.json", R=R, rep=REPS),  # every replicate
+        artifact("report", "report.md"),
+        [artifact("analysis", rep=r) for r in REPS],  # every replicate

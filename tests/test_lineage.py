@@ -306,8 +306,6 @@ OWN_WORK = {
     ("ops/verify.py", "INFO_CHECKS"): "each stage's own info check",
     ("ops/verify.py", "_analysis_info"): "the analysis config section",
     ("ops/verify.py", "present_hashes"): "the gradient store's pool/ and queries/ subfolders",
-    ("ops/verify.py", "check_reproduction"): "the reproduction verdict reads the analysis",
-    ("ops/verify.py", "write_reference"): "the reproduction record reads the analysis",
     ("ops/verify.py", "_bundle_meta"): "a release bundle is the export stage's artifact",
     ("ops/verify.py", "bundle_key_checks"): "the bundle's facts table",
     # the plan check's calibration: plan rows (named as the rules) with their own rates and costs

@@ -1,6 +1,10 @@
 """Where every artifact lives, relative to the configured ``results`` folder.
 
-The Snakefile and the CLI both use these functions, so a path is defined once.
+Each artifact folder is its rule's place in the stage catalogue (:func:`plantbench.stages.place`),
+the one definition of the results layout: the rules files build their paths from the same rows
+(``artifact`` in workflow/rules/layout.smk). What lies inside an artifact folder (a twin's
+checkpoints, moments and training state) and the folders no rule makes (logs, benchmarks, the
+run config) are defined here.
 """
 
 from __future__ import annotations
@@ -8,7 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-MODELS = ("A", "B")
+from plantbench import stages
+
+MODELS = stages.TWINS
 # the checkout the package runs from (src/plantbench/paths.py -> the repository root): its
 # config.yaml and results/reference/ (an installed, non-editable copy has neither)
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -27,6 +33,12 @@ class Paths:
         self.replicate = index(cfg) if isinstance(cfg, dict) else 0
         self.root = folder(self.shared, self.replicate)
 
+    def place(self, rule: str, index: int = 0, **values: str) -> Path:
+        """``rule``'s artifact folder (:func:`plantbench.stages.place`) under this replicate's
+        root, or under the results folder for a rule that is not per replicate."""
+        base = self.root if stages.per_replicate(rule) else self.shared
+        return base / stages.place(rule, index, **values)
+
     # configuration actually used (written by the `config` step)
     @property
     def config(self) -> Path:
@@ -34,15 +46,15 @@ class Paths:
 
     @property
     def facts(self) -> Path:
-        return self.shared / "facts"
+        return self.place("facts")
 
     @property
     def corpus(self) -> Path:
-        return self.shared / "corpus"
+        return self.place("corpus")
 
     @property
     def tokenizer(self) -> Path:
-        return self.shared / "tokenizer"
+        return self.place("tokenizer")
 
     def replicate_root(self, r: int) -> Path:
         from plantbench.replicates import folder
@@ -51,13 +63,16 @@ class Paths:
 
     @property
     def replicate_summary(self) -> Path:
-        return self.shared / "replicates" / "summary"
+        return self.place("replicates")
 
     def stream(self, model: str) -> Path:
-        return self.root / "stream" / model
+        """A twin's stream (rule stream makes both: one place per twin, in ``MODELS`` order)."""
+        return self.place("stream", MODELS.index(model))
 
     def model(self, model: str) -> Path:
-        return self.root / "models" / model
+        """A twin's folder, or the shared prefix's (``model`` the last part of its place)."""
+        prefix = self.place("pretrain_prefix")
+        return prefix if model == prefix.name else self.place("pretrain", model=model)
 
     def checkpoints(self, model: str) -> Path:
         return self.model(model) / "checkpoints"
@@ -71,68 +86,88 @@ class Paths:
 
     # attribution: pool, features, scores
     def pool(self, model: str) -> Path:
-        return self.root / "pool" / model
-
-    def features(self, model: str) -> Path:
-        return self.root / "features" / model
+        return self.place("pool", model=model)
 
     def grads(self, model: str, checkpoint: str) -> Path:
-        return self.features(model) / "grads" / checkpoint
+        """A checkpoint's gradients: the queries' folder and ``pool/``, the pool's shards."""
+        return self.query_grads(model, checkpoint).parent
 
     def pool_shard(self, model: str, checkpoint: str, shard: int) -> Path:
-        return self.grads(model, checkpoint) / "pool" / f"shard_{int(shard):04d}"
+        values = {"model": model, "checkpoint": checkpoint, "shard": f"{int(shard):04d}"}
+        return self.place("grads_pool", **values)
 
     def query_grads(self, model: str, checkpoint: str) -> Path:
-        return self.grads(model, checkpoint) / "queries"
+        return self.place("grads_queries", model=model, checkpoint=checkpoint)
 
     def curvature(self, model: str, checkpoint: str) -> Path:
-        return self.features(model) / "curvature" / checkpoint / "curvature.npz"
+        folder = self.place("curvature", model=model, checkpoint=checkpoint)
+        return folder / "curvature.npz"
 
     def ekfac(self, model: str, checkpoint: str | None = None) -> Path:
         """EK-FAC scores at the final checkpoint (``None``), or at another TracIn one."""
         if checkpoint is None:
-            return self.features(model) / "ekfac"
-        return self.features(model) / "ekfac_tracin" / checkpoint
+            return self.place("ekfac", model=model)
+        return self.place("ekfac_tracin", model=model, checkpoint=checkpoint)
 
     def trackstar(self, model: str) -> Path:
-        return self.features(model) / "trackstar"
+        return self.place("trackstar", model=model)
 
     def hidden(self, model: str) -> Path:
-        return self.features(model) / "hidden"
+        return self.place("hidden", model=model)
 
     def embed(self, model: str) -> Path:
-        return self.features(model) / "embed"
+        """A twin's embeddings, or the shared ones (``model`` the folder above their place)."""
+        shared = self.place("embed_shared")
+        return shared if model == shared.parent.name else self.place("embed", model=model)
 
     def scores(self, method: str, model: str) -> Path:
-        return self.root / "scores" / method / model
+        return self.place("score", method=method, model=model)
 
     def fidelity(self, model: str) -> Path:
-        return self.root / "fidelity" / model
+        return self.place("fidelity", model=model)
+
+    def _suite(self, suite: str, part: str) -> Path:
+        """The catalogue row whose place is ``<suite>/<part>``: its first step's folder, a
+        twin's, or ``analysis``."""
+        found = stages.artifact_of(f"{suite}/{part}")
+        if found is None or not found[0].rule.startswith(f"{suite}_"):
+            raise ValueError(f"the {suite} suite has no folder '{part}'")
+        stage, values = found
+        return self.place(stage.rule, **values)
 
     def context(self, part: str) -> Path:
         """The context suite: ``contexts``, one folder per twin, ``analysis``."""
-        return self.root / "context" / part
+        return self._suite("context", part)
 
     def grounding(self, part: str) -> Path:
         """The grounding suite: ``contexts``, one folder per twin, ``analysis``."""
-        return self.root / "grounding" / part
+        return self._suite("grounding", part)
 
     def membership(self, part: str) -> Path:
         """The membership suite: ``samples``, one folder per twin, ``analysis``."""
-        return self.root / "membership" / part
+        return self._suite("membership", part)
 
     @property
     def causal(self) -> Path:
-        return self.root / "causal"
+        return self.place("causal")
 
     @property
     def reading(self) -> Path:
-        return self.root / "reading"
+        return self.place("reading")
+
+    @property
+    def analysis(self) -> Path:
+        return self.place("analysis")
 
     @property
     def report(self) -> Path:
-        return self.root / "report"
+        return self.place("report")
 
+    @property
+    def export(self) -> Path:
+        return self.place("export")
+
+    # no rule's artifact folders: every job's log and benchmark file (a replicate's own)
     @property
     def logs(self) -> Path:
         return self.root / "logs"

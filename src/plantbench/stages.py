@@ -18,7 +18,11 @@ without one is made by the rule's single job). From a row follow:
 - :func:`rule_of_job`: the rule a job's benchmark or log name belongs to (the job name is
   ``job`` or the rule, then the wildcards' values, joined by ``_``), for the timeline;
 - ``plan_stage``: the ``plantbench plan`` row its jobs count in, or None with the reason
-  (``unplanned``) for a rule the plan leaves out (:mod:`plantbench.ops.plan_measured`).
+  (``unplanned``) for a rule the plan leaves out (:mod:`plantbench.ops.plan_measured`);
+- :func:`place` and :func:`per_replicate`: where a rule's artifacts lie, with wildcard values
+  filled in. The places are the one definition of the results layout: the CLI's
+  :class:`plantbench.paths.Paths` and the rules files (``artifact`` in
+  workflow/rules/layout.smk) build their artifact folders from them.
 """
 
 from __future__ import annotations
@@ -358,6 +362,24 @@ STAGES: tuple[Stage, ...] = (
 )
 
 BY_RULE: dict[str, Stage] = {s.rule: s for s in STAGES}
+
+
+def place(rule: str, index: int = 0, **values: str) -> str:
+    """``rule``'s artifact folder ``index`` (its row's ``places``), each wildcard given a value
+    filled in and the others left as ``{name}`` (Snakemake's wildcard syntax): the one
+    definition of the results layout, read by :class:`plantbench.paths.Paths` and by the rules
+    (``artifact`` in workflow/rules/layout.smk). Relative to the replicate's root when
+    :func:`per_replicate`, else to the results folder."""
+    pattern = BY_RULE[rule].places[index]
+    unknown = sorted(set(values) - set(_WILD.findall(pattern)))
+    if unknown:
+        raise ValueError(f"{rule}'s place '{pattern}' has no wildcard {unknown}")
+    return _WILD.sub(lambda m: values.get(m[1], m[0]), pattern)
+
+
+def per_replicate(rule: str) -> bool:
+    """Whether ``rule``'s places lie in each replicate's root (else in the results folder)."""
+    return BY_RULE[rule].per_replicate
 
 
 def rule_of_command(

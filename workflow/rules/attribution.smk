@@ -7,11 +7,11 @@
 
 rule pool:
     input:
-        stream=f"{RR}stream/{{model}}/meta.json",
+        stream=stream_of,
         sections=config_input("pool"),
     output:
-        meta=f"{RR}pool/{{model}}/meta.json",
-        table=f"{RR}pool/{{model}}/pool.parquet",
+        meta=artifact("pool"),
+        table=artifact("pool", "pool.parquet"),
     log:
         rlog_of("pool_{model}"),
     benchmark:
@@ -37,10 +37,10 @@ rule pool:
 rule grads_pool:
     input:
         pool=rules.pool.output.meta,
-        model=f"{RR}models/{{model}}/meta.json",
+        model=artifact("pretrain"),
         sections=config_input("grads_pool"),
     output:
-        f"{FEAT}/{{model}}/grads/{{checkpoint}}/pool/shard_{{shard}}/shard.json",
+        artifact("grads_pool", "shard.json"),
     log:
         rlog_of("grads_pool_{model}_{checkpoint}_{shard}"),
     benchmark:
@@ -67,11 +67,11 @@ rule grads_pool:
 # GPU
 rule grads_queries:
     input:
-        facts=f"{R}/facts/meta.json",
-        model=f"{RR}models/{{model}}/meta.json",
+        facts=artifact("facts"),
+        model=artifact("pretrain"),
         sections=config_input("grads_queries"),
     output:
-        f"{FEAT}/{{model}}/grads/{{checkpoint}}/queries/shard.json",
+        artifact("grads_queries", "shard.json"),
     log:
         rlog_of("grads_queries_{model}_{checkpoint}"),
     benchmark:
@@ -97,8 +97,8 @@ rule curvature:
         shards=pool_shards,
         sections=config_input("curvature"),
     output:
-        npz=f"{FEAT}/{{model}}/curvature/{{checkpoint}}/curvature.npz",
-        meta=f"{FEAT}/{{model}}/curvature/{{checkpoint}}/meta.json",
+        npz=artifact("curvature", "curvature.npz"),
+        meta=artifact("curvature"),
     log:
         rlog_of("curvature_{model}_{checkpoint}"),
     benchmark:
@@ -123,12 +123,12 @@ rule curvature:
 rule hidden:
     input:
         pool=rules.pool.output.meta,
-        facts=f"{R}/facts/meta.json",
+        facts=artifact("facts"),
         tokenizer=rules.tokenizer.output.meta,
-        model=f"{RR}models/{{model}}/meta.json",
+        model=artifact("pretrain"),
         sections=config_input("hidden"),
     output:
-        f"{FEAT}/{{model}}/hidden/meta.json",
+        artifact("hidden"),
     log:
         rlog_of("hidden_{model}"),
     benchmark:
@@ -151,12 +151,12 @@ rule hidden:
 # GPU
 rule embed_shared:
     input:
-        pools=expand("{R}/{{rep}}pool/{model}/meta.json", R=R, model=MODELS),
-        facts=f"{R}/facts/meta.json",
+        pools=twins("pool"),
+        facts=artifact("facts"),
         tokenizer=rules.tokenizer.output.meta,
         sections=config_input("embed_shared"),
     output:
-        f"{FEAT}/shared/embed/meta.json",
+        artifact("embed_shared"),
     log:
         rlog_of("embed_shared"),
     benchmark:
@@ -182,11 +182,11 @@ rule embed:
     input:
         pool=rules.pool.output.meta,
         shared=rules.embed_shared.output,
-        facts=f"{R}/facts/meta.json",
+        facts=artifact("facts"),
         tokenizer=rules.tokenizer.output.meta,
         sections=config_input("embed"),
     output:
-        f"{FEAT}/{{model}}/embed/meta.json",
+        artifact("embed"),
     log:
         rlog_of("embed_{model}"),
     benchmark:
@@ -209,13 +209,13 @@ rule embed:
 rule score:
     input:
         pool=rules.pool.output.meta,
-        facts=f"{R}/facts/meta.json",
-        model=f"{RR}models/{{model}}/meta.json",
+        facts=artifact("facts"),
+        model=artifact("pretrain"),
         features=method_inputs,
         code=method_code,
         sections=config_input("score"),
     output:
-        f"{RR}scores/{{method}}/{{model}}/meta.json",
+        artifact("score"),
     log:
         rlog_of("score_{method}_{model}"),
     benchmark:
@@ -245,12 +245,12 @@ rule ekfac:
     input:
         pool=rules.pool.output.meta,
         shards=ekfac_shards,
-        facts=f"{R}/facts/meta.json",
+        facts=artifact("facts"),
         tokenizer=rules.tokenizer.output.meta,
-        model=f"{RR}models/{{model}}/meta.json",
+        model=artifact("pretrain"),
         sections=config_input("ekfac"),
     output:
-        f"{FEAT}/{{model}}/ekfac/meta.json",
+        artifact("ekfac"),
     log:
         rlog_of("ekfac_{model}"),
     benchmark:
@@ -266,7 +266,8 @@ rule ekfac:
         runtime=lambda wc, attempt: 60 * attempt,
     params:
         replicate=replicate_of,
-        sections=sections("ekfac"),
+        # + ASTRA's settings where it is enabled (layout.smk): unchanged for a run without it
+        sections=sections("ekfac") + ASTRA,
         plantbench=PLANTBENCH,
     shell:
         "{params.plantbench} ekfac -c {resources.run_config:q} --replicate {params.replicate} --model {wildcards.model} --threads {threads} 2> {log:q}"
@@ -278,12 +279,12 @@ rule ekfac_tracin:
     input:
         pool=rules.pool.output.meta,
         shards=ekfac_shards,
-        facts=f"{R}/facts/meta.json",
+        facts=artifact("facts"),
         tokenizer=rules.tokenizer.output.meta,
-        model=f"{RR}models/{{model}}/meta.json",
+        model=artifact("pretrain"),
         sections=config_input("ekfac_tracin"),
     output:
-        f"{FEAT}/{{model}}/ekfac_tracin/{{checkpoint}}/meta.json",
+        artifact("ekfac_tracin"),
     log:
         rlog_of("ekfac_{model}_{checkpoint}"),
     benchmark:
@@ -310,12 +311,12 @@ rule ekfac_tracin:
 rule trackstar:
     input:
         pool=rules.pool.output.meta,
-        facts=f"{R}/facts/meta.json",
+        facts=artifact("facts"),
         tokenizer=rules.tokenizer.output.meta,
-        model=f"{RR}models/{{model}}/meta.json",
+        model=artifact("pretrain"),
         sections=config_input("trackstar"),
     output:
-        f"{FEAT}/{{model}}/trackstar/meta.json",
+        artifact("trackstar"),
     log:
         rlog_of("trackstar_{model}"),
     benchmark:
@@ -338,13 +339,13 @@ rule trackstar:
 rule fidelity:
     input:
         pool=rules.pool.output.meta,
-        facts=f"{R}/facts/meta.json",
+        facts=artifact("facts"),
         tokenizer=rules.tokenizer.output.meta,
-        model=f"{RR}models/{{model}}/meta.json",
+        model=artifact("pretrain"),
         features=fidelity_inputs,
         sections=config_input("fidelity"),
     output:
-        f"{RR}fidelity/{{model}}/meta.json",
+        artifact("fidelity"),
     log:
         rlog_of("fidelity_{model}"),
     benchmark:

@@ -5,12 +5,12 @@
 
 rule context_build:
     input:
-        facts=f"{R}/facts/meta.json",
-        causal=f"{R}/causal/meta.json",
-        tokenizer=f"{R}/tokenizer/meta.json",
+        facts=artifact("facts"),
+        causal=artifact("causal", rep=""),
+        tokenizer=artifact("tokenizer"),
         sections=config_input("context_build"),
     output:
-        f"{R}/context/contexts/meta.json",
+        artifact("context_build"),
     log:
         log_of("context_build"),
     benchmark:
@@ -32,11 +32,11 @@ rule context_build:
 # GPU: a forward-only job (2^k ablations x candidates per context); on a cluster it wants a GPU
 rule context_attribute:
     input:
-        contexts=f"{R}/context/contexts/meta.json",
-        model=f"{R}/models/{{model}}/meta.json",
+        contexts=artifact("context_build"),
+        model=artifact("pretrain", rep=""),
         sections=config_input("context_attribute"),
     output:
-        f"{R}/context/{{model}}/meta.json",
+        artifact("context_attribute"),
     log:
         log_of("context_attribute_{model}"),
     benchmark:
@@ -59,24 +59,24 @@ rule context_attribute:
 
 rule context_analysis:
     input:
-        expand("{R}/context/{model}/meta.json", R=R, model=MODELS),
+        twins("context_attribute"),
         sections=config_input("context_analysis"),
     output:
-        meta=f"{R}/context/analysis/meta.json",
+        meta=artifact("context_analysis"),
         table1=report(
-            f"{R}/context/analysis/table1.csv",
+            artifact("context_analysis", "table1.csv"),
             caption="../report/context_table1.rst",
             category="Context suite",
             labels={"table": "context table 1"},
         ),
         table2=report(
-            f"{R}/context/analysis/table2.csv",
+            artifact("context_analysis", "table2.csv"),
             caption="../report/context_table2.rst",
             category="Context suite",
             labels={"table": "context table 2"},
         ),
         ssp=report(
-            f"{R}/context/analysis/ssp.csv",
+            artifact("context_analysis", "ssp.csv"),
             caption="../report/context_ssp_table.rst",
             category="Context suite",
             labels={"table": "context SSP"},

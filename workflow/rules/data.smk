@@ -5,12 +5,11 @@ rule facts:
     input:
         sections=config_input("facts"),
     output:
-        meta=f"{R}/facts/meta.json",
-        tables=expand(
-            "{R}/facts/{name}.parquet",
-            R=R,
-            name=["facts", "documents", "distractors", "queries", "candidates"],
-        ),
+        meta=artifact("facts"),
+        tables=[
+            artifact("facts", f"{name}.parquet")
+            for name in ["facts", "documents", "distractors", "queries", "candidates"]
+        ],
     log:
         log_of("facts"),
     benchmark:
@@ -33,8 +32,8 @@ rule corpus:
     input:
         sections=config_input("corpus"),
     output:
-        meta=f"{R}/corpus/meta.json",
-        table=f"{R}/corpus/corpus.parquet",
+        meta=artifact("corpus"),
+        table=artifact("corpus", "corpus.parquet"),
     log:
         log_of("corpus"),
     benchmark:
@@ -58,7 +57,7 @@ rule tokenizer:
         corpus=rules.corpus.output.meta,
         sections=config_input("tokenizer"),
     output:
-        meta=f"{R}/tokenizer/meta.json",
+        meta=artifact("tokenizer"),
     log:
         log_of("tokenizer"),
     benchmark:
@@ -84,9 +83,9 @@ rule stream:
         tokenizer=rules.tokenizer.output.meta,
         sections=config_input("stream"),
     output:
-        meta=expand("{R}/{{rep}}stream/{model}/meta.json", R=R, model=MODELS),
-        tokens=expand("{R}/{{rep}}stream/{model}/tokens.bin", R=R, model=MODELS),
-        manifest=expand("{R}/{{rep}}stream/{model}/manifest.parquet", R=R, model=MODELS),
+        meta=twins("stream"),
+        tokens=twins("stream", "tokens.bin"),
+        manifest=twins("stream", "manifest.parquet"),
     log:
         rlog_of("stream"),
     benchmark:

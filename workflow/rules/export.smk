@@ -5,16 +5,16 @@
 
 rule export:
     input:
-        facts=f"{R}/facts/meta.json",
-        tokenizer=f"{R}/tokenizer/meta.json",
-        causal=f"{R}/causal/meta.json",
-        streams=expand("{R}/stream/{model}/meta.json", R=R, model=MODELS),
-        pools=expand("{R}/pool/{model}/meta.json", R=R, model=MODELS),
-        models=expand("{R}/models/{model}/meta.json", R=R, model=MODELS),
+        facts=artifact("facts"),
+        tokenizer=artifact("tokenizer"),
+        causal=artifact("causal", rep=""),
+        streams=twins("stream", rep=""),
+        pools=twins("pool", rep=""),
+        models=twins("pretrain", rep=""),
         scores=all_scores(""),  # replicate 0
         sections=config_input("export"),
     output:
-        f"{R}/export/meta.json",
+        artifact("export"),
     log:
         log_of("export"),
     benchmark:

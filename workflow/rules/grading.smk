@@ -1,42 +1,42 @@
 # Grading: retrieval metrics (AP, Recall@10), attributed mass and the within-cell correlations
 # of every method in `methods.enabled` and `methods.plugins`, from the score artifacts and the
-# causal answer key. One CLI call; the tables land in {R}/analysis/ (see results/README.md).
+# causal answer key. One CLI call; the tables land in the analysis folder (see results/README.md).
 # With config `replicates` > 1, also the summary over replicates (rule replicates below).
 
 
 rule analysis:
     input:
-        causal=f"{RR}causal/meta.json",
+        causal=artifact("causal"),
         scores=all_scores(),
         sections=config_input("analysis"),
     output:
-        meta=f"{RR}analysis/meta.json",
+        meta=artifact("analysis"),
         retrieval=report(
-            f"{RR}analysis/retrieval.csv",
+            artifact("analysis", "retrieval.csv"),
             caption="../report/retrieval.rst",
             category="Analysis",
             labels={"table": "retrieval"},
         ),
         correlations=report(
-            f"{RR}analysis/correlations.csv",
+            artifact("analysis", "correlations.csv"),
             caption="../report/correlations.rst",
             category="Analysis",
             labels={"table": "correlations"},
         ),
         learned=report(
-            f"{RR}analysis/learned_grid.csv",
+            artifact("analysis", "learned_grid.csv"),
             caption="../report/learned_grid.rst",
             category="Analysis",
             labels={"table": "learned grid"},
         ),
         haystack=report(
-            f"{RR}analysis/haystack.csv",
+            artifact("analysis", "haystack.csv"),
             caption="../report/haystack.rst",
             category="Analysis",
             labels={"table": "haystack"},
         ),
-        per_fact=f"{RR}analysis/per_fact.parquet",
-        per_query=f"{RR}analysis/per_query.parquet",
+        per_fact=artifact("analysis", "per_fact.parquet"),
+        per_query=artifact("analysis", "per_query.parquet"),
     log:
         rlog_of("analysis"),
     benchmark:
@@ -61,15 +61,14 @@ rule analysis:
 # replicate_summary.py). Replicate r's jobs are the rules above with rep = replicates/<r>/.
 rule replicates:
     input:
-        expand("{R}/{rep}analysis/meta.json", R=R, rep=REPS),
+        [artifact("analysis", rep=r) for r in REPS],
         sections=config_input("replicates"),
     output:
-        meta=f"{R}/replicates/summary/meta.json",
-        tables=expand(
-            "{R}/replicates/summary/{name}.csv",
-            R=R,
-            name=["learned", "retrieval", "correlations", "ordering"],
-        ),
+        meta=artifact("replicates"),
+        tables=[
+            artifact("replicates", f"{name}.csv")
+            for name in ["learned", "retrieval", "correlations", "ordering"]
+        ],
     log:
         log_of("replicates"),
     benchmark:

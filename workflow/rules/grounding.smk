@@ -5,12 +5,12 @@
 
 rule grounding_build:
     input:
-        facts=f"{R}/facts/meta.json",
-        causal=f"{R}/causal/meta.json",
-        tokenizer=f"{R}/tokenizer/meta.json",
+        facts=artifact("facts"),
+        causal=artifact("causal", rep=""),
+        tokenizer=artifact("tokenizer"),
         sections=config_input("grounding_build"),
     output:
-        f"{R}/grounding/contexts/meta.json",
+        artifact("grounding_build"),
     log:
         log_of("grounding_build"),
     benchmark:
@@ -32,11 +32,11 @@ rule grounding_build:
 # GPU: greedy generation (and the NLI model when configured); on a cluster it wants a GPU
 rule grounding_respond:
     input:
-        contexts=f"{R}/grounding/contexts/meta.json",
-        model=f"{R}/models/{{model}}/meta.json",
+        contexts=artifact("grounding_build"),
+        model=artifact("pretrain", rep=""),
         sections=config_input("grounding_respond"),
     output:
-        f"{R}/grounding/{{model}}/meta.json",
+        artifact("grounding_respond"),
     log:
         log_of("grounding_respond_{model}"),
     benchmark:
@@ -57,18 +57,18 @@ rule grounding_respond:
 
 rule grounding_analysis:
     input:
-        expand("{R}/grounding/{model}/meta.json", R=R, model=MODELS),
+        twins("grounding_respond"),
         sections=config_input("grounding_analysis"),
     output:
-        meta=f"{R}/grounding/analysis/meta.json",
+        meta=artifact("grounding_analysis"),
         ck=report(
-            f"{R}/grounding/analysis/ck_by_condition.csv",
+            artifact("grounding_analysis", "ck_by_condition.csv"),
             caption="../report/grounding_ck_table.rst",
             category="Grounding suite",
             labels={"table": "grounding CK by condition"},
         ),
         cr=report(
-            f"{R}/grounding/analysis/cr_by_segment.csv",
+            artifact("grounding_analysis", "cr_by_segment.csv"),
             caption="../report/grounding_cr_table.rst",
             category="Grounding suite",
             labels={"table": "grounding CR by segment"},

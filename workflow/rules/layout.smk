@@ -1,9 +1,13 @@
 # Where the workflow's artifacts, logs and benchmarks live, and which files each job reads: the
-# rules files' helpers (functions live apart from rules: snakemake --lint). Shard counts, checkpoint
-# names and every method's feature files are pure functions of the config (src/plantbench/layout.py,
-# no torch: parsing the job graph imports no stage), so there is no checkpoint rule.
+# rules files' helpers (functions live apart from rules: snakemake --lint). Every artifact path
+# comes from the stage catalogue (src/plantbench/stages.py: each rule's `places`, the one
+# definition of the results layout, which the CLI's plantbench.paths.Paths reads too) through
+# artifact() below; no rules file spells an artifact folder. Shard counts, checkpoint names and
+# every method's feature files are pure functions of the config (src/plantbench/layout.py, no
+# torch: parsing the job graph imports no stage), so there is no checkpoint rule.
 import plantbench.attribution.methods.registry as _pbmethods
 import plantbench.layout as _pblayout
+import plantbench.stages as _pbstages
 
 
 def log_of(name):
@@ -26,6 +30,29 @@ wildcard_constraints:
     rep=_pbrep.WILDCARD,
 
 
+def artifact(rule, file=_pblayout.META, index=0, **values):
+    """``file`` in ``rule``'s artifact folder (its place number ``index`` in the stage catalogue,
+    plantbench.stages.place) with the wildcards in ``values`` filled in and the others left as
+    wildcards: under the replicate's root RR (``rep=`` fills the `rep` wildcard) for a
+    per-replicate rule, else under the results folder."""
+    rep = values.pop("rep", "{rep}")
+    root = f"{R}/{rep}" if _pbstages.per_replicate(rule) else f"{R}/"
+    return f"{root}{_pbstages.place(rule, index, **values)}/{file}"
+
+
+def twins(rule, file=_pblayout.META, **values):
+    """``file`` in each twin's folder of ``rule``, A then B: its `model` wildcard filled, or for
+    the stream (one job, one place per twin) each of its places."""
+    if "model" in _pbstages.BY_RULE[rule].wildcards:
+        return [artifact(rule, file, model=m, **values) for m in MODELS]
+    return [artifact(rule, file, i, **values) for i in range(len(MODELS))]
+
+
+def stream_of(wildcards):
+    """A job's twin's stream (the stream's one job makes both, one place each, A then B)."""
+    return artifact("stream", index=MODELS.index(wildcards.model), rep=wildcards.rep)
+
+
 def rlog_of(name):
     """A per-replicate job's log (in its replicate's logs/)."""
     return f"{RR}logs/{name}.log"
@@ -37,7 +64,7 @@ def rbench_of(name):
 
 def replicate_summary():
     """The summary over replicates the report includes: none for a single replicate."""
-    return [f"{R}/replicates/summary/meta.json"] if len(REPS) > 1 else []
+    return [artifact("replicates")] if len(REPS) > 1 else []
 
 
 # the gradient methods the fidelity step grades; none: no fidelity step
@@ -48,14 +75,14 @@ def fidelity_outputs():
     """Replicate 0's fidelity folders the report reads (none without a gradient method)."""
     if not FIDELITY_METHODS:
         return []
-    return expand("{R}/fidelity/{model}/meta.json", R=R, model=MODELS)
+    return twins("fidelity", rep="")
 
 
 def prefix_input(wildcards):
     """The shared prefix a twin starts from (none without train.prefix_steps)."""
     if not _pblayout.prefix_steps(config):
         return []
-    return f"{R}/{wildcards.rep}models/prefix/meta.json"
+    return artifact("pretrain_prefix", rep=wildcards.rep)
 
 
 def replicate_of(wildcards):
@@ -63,7 +90,6 @@ def replicate_of(wildcards):
     return _pbrep.from_wildcard(wildcards.rep)
 
 
-FEAT = f"{RR}features"  # a replicate's features (RR: config.smk)
 TRACIN = _pblayout.tracin_checkpoints(config)
 N_SHARDS = _pblayout.n_shards(config)
 SHARDS = [f"{k:04d}" for k in range(N_SHARDS)]
@@ -81,20 +107,29 @@ wildcard_constraints:
 def all_scores(rep="{rep}"):
     """Every per-method, per-model score artifact the analysis of replicate folder ``rep``
     grades (by default the `rep` wildcard of the job asking)."""
-    return expand(
-        "{R}/{rep}scores/{method}/{model}/meta.json",
-        R=R,
-        rep=rep,
-        method=METHODS,
-        model=MODELS,
-    )
+    return [twin for m in METHODS for twin in twins("score", rep=rep, method=m)]
+
+
+def _shards(wildcards, checkpoint):
+    """A job's twin's pool shards at ``checkpoint`` (their shard.json records)."""
+    values = dict(rep=wildcards.rep, model=wildcards.model, checkpoint=checkpoint)
+    return [
+        artifact("grads_pool", _pblayout.SHARD_JSON, shard=k, **values) for k in SHARDS
+    ]
 
 
 def pool_shards(wildcards):
-    folder = f"{R}/{wildcards.rep}features/{wildcards.model}/grads/{wildcards.checkpoint}/pool"
-    return [f"{folder}/shard_{k}/shard.json" for k in SHARDS]
+    return _shards(wildcards, wildcards.checkpoint)
 
 
+# ASTRA's settings where ekfac_astra is enabled (the final checkpoint's ekfac job then also refines
+# its queries, plantbench.attribution.ekfac.astra): part of that job's sections param, so enabling
+# the method or changing methods.astra reruns it; "" otherwise
+ASTRA = (
+    _pbconfig.canonical_json(_pblayout.astra_settings(config))
+    if _pblayout.astra_enabled(config)
+    else ""
+)
 EKFAC_CHECKPOINTS = _pbmethods.ekfac_checkpoints(config)
 FINAL_CHECKPOINT = _pblayout.final_checkpoint(config)
 
@@ -113,9 +148,7 @@ def grads_pool_priority(wildcards):
 
 def ekfac_shards(wildcards):
     """The pool shards of the checkpoint an ekfac job fits at (they carry its factor sums)."""
-    ckpt = getattr(wildcards, "checkpoint", FINAL_CHECKPOINT)
-    folder = f"{R}/{wildcards.rep}features/{wildcards.model}/grads/{ckpt}/pool"
-    return [f"{folder}/shard_{k}/shard.json" for k in SHARDS]
+    return _shards(wildcards, getattr(wildcards, "checkpoint", FINAL_CHECKPOINT))
 
 
 def method_inputs(wildcards):

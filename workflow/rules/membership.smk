@@ -5,11 +5,11 @@
 
 rule membership_samples:
     input:
-        facts=f"{R}/facts/meta.json",
-        causal=f"{R}/causal/meta.json",
+        facts=artifact("facts"),
+        causal=artifact("causal", rep=""),
         sections=config_input("membership_samples"),
     output:
-        f"{R}/membership/samples/meta.json",
+        artifact("membership_samples"),
     log:
         log_of("membership_samples"),
     benchmark:
@@ -32,12 +32,12 @@ rule membership_samples:
 # it wants a GPU
 rule membership_detect:
     input:
-        samples=f"{R}/membership/samples/meta.json",
-        model=f"{R}/models/{{model}}/meta.json",
-        tokenizer=f"{R}/tokenizer/meta.json",
+        samples=artifact("membership_samples"),
+        model=artifact("pretrain", rep=""),
+        tokenizer=artifact("tokenizer"),
         sections=config_input("membership_detect"),
     output:
-        f"{R}/membership/{{model}}/meta.json",
+        artifact("membership_detect"),
     log:
         log_of("membership_detect_{model}"),
     benchmark:
@@ -60,18 +60,18 @@ rule membership_detect:
 
 rule membership_analysis:
     input:
-        expand("{R}/membership/{model}/meta.json", R=R, model=MODELS),
+        twins("membership_detect"),
         sections=config_input("membership_analysis"),
     output:
-        meta=f"{R}/membership/analysis/meta.json",
+        meta=artifact("membership_analysis"),
         table1=report(
-            f"{R}/membership/analysis/table1.csv",
+            artifact("membership_analysis", "table1.csv"),
             caption="../report/membership_table1.rst",
             category="Membership suite",
             labels={"table": "membership table 1"},
         ),
         table2=report(
-            f"{R}/membership/analysis/table2.csv",
+            artifact("membership_analysis", "table2.csv"),
             caption="../report/membership_table2.rst",
             category="Membership suite",
             labels={"table": "membership table 2"},

@@ -8,11 +8,11 @@
 
 rule pretrain_prefix:
     input:
-        streams=expand("{R}/{{rep}}stream/{model}/meta.json", R=R, model=MODELS),
+        streams=twins("stream"),
         tokenizer=rules.tokenizer.output.meta,
         sections=config_input("pretrain_prefix"),
     output:
-        meta=f"{RR}models/prefix/meta.json",
+        meta=artifact("pretrain_prefix"),
     log:
         rlog_of("pretrain_prefix"),
     benchmark:
@@ -36,13 +36,13 @@ rule pretrain_prefix:
 
 rule pretrain:
     input:
-        stream=f"{RR}stream/{{model}}/meta.json",
+        stream=stream_of,
         tokenizer=rules.tokenizer.output.meta,
         prefix=prefix_input,
         sections=config_input("pretrain"),
     output:
-        meta=f"{RR}models/{{model}}/meta.json",
-        loss=f"{RR}models/{{model}}/loss.csv",
+        meta=artifact("pretrain"),
+        loss=artifact("pretrain", "loss.csv"),
     log:
         rlog_of("pretrain_{model}"),
     benchmark:

@@ -6,12 +6,12 @@
 rule causal:
     input:
         facts=rules.facts.output.meta,
-        models=expand("{R}/{{rep}}models/{model}/meta.json", R=R, model=MODELS),
+        models=twins("pretrain"),
         sections=config_input("causal"),
     output:
-        meta=f"{RR}causal/meta.json",
-        facts=f"{RR}causal/facts.parquet",
-        queries=f"{RR}causal/queries.parquet",
+        meta=artifact("causal"),
+        facts=artifact("causal", "facts.parquet"),
+        queries=artifact("causal", "queries.parquet"),
     log:
         rlog_of("causal"),
     benchmark:
@@ -34,10 +34,10 @@ rule causal:
 rule reading:
     input:
         facts=rules.facts.output.meta,
-        models=expand("{R}/{{rep}}models/{model}/meta.json", R=R, model=MODELS),
+        models=twins("pretrain"),
         sections=config_input("reading"),
     output:
-        meta=f"{RR}reading/meta.json",
+        meta=artifact("reading"),
     log:
         rlog_of("reading"),
     benchmark:

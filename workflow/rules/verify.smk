@@ -3,7 +3,7 @@
 
 rule verify:
     input:
-        report=f"{R}/report/report.md",
+        report=artifact("report", "report.md"),
         sections=config_input("verify"),
     output:
         f"{R}/verify.txt",

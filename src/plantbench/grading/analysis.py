@@ -134,7 +134,7 @@ def pool_dir(paths: Paths, model: str) -> Path:
 
 
 def analysis_dir(paths: Paths) -> Path:
-    return paths.root / "analysis"
+    return paths.analysis
 
 
 # --------------------------------------------------------------------------------------------

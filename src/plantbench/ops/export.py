@@ -117,7 +117,7 @@ def tables(methods: list[str]) -> list[Table]:
 
 
 def default_out(paths: Paths) -> Path:
-    return paths.root / "export"
+    return paths.export
 
 
 def _methods(cfg: dict[str, Any]) -> list[str]:

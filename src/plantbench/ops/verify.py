@@ -1005,7 +1005,7 @@ def check_reproduction(
     """Did the run reproduce the study (the last line of verify)? Where the float path is the
     reference's, the hashes say it; elsewhere the findings and numbers do
     (:func:`plantbench.ops.reproduce.verdict`). Needs a finished analysis and a reference."""
-    if not (paths.root / "analysis" / io.META).is_file():
+    if not (paths.analysis / io.META).is_file():
         return []
     try:
         found = find_reference(cfg, ref_dir)
@@ -1053,7 +1053,7 @@ def write_reference(
             "`plantbench verify` first"
         )
     ref = reference_record(cfg, metas, name)
-    if (paths.root / "analysis" / io.META).is_file():  # the study's findings and numbers
+    if (paths.analysis / io.META).is_file():  # the study's findings and numbers
         ref.update(reproduce.record(cfg, paths))
     problems = reference_problems(cfg, ref)
     if problems:  # what verify would refuse to read back

@@ -59,7 +59,7 @@ def _read_inputs(paths: Paths) -> _Inputs:
     models = {m: io.read_meta(paths.model(m), "pretrain", verify=False) for m in MODELS}
     for m in MODELS:
         io.check_input(causal, f"model_{m}", models[m], str(paths.causal))
-    analysis_dir = paths.root / "analysis"
+    analysis_dir = paths.analysis
     analysis = None
     if (analysis_dir / io.META).is_file():
         analysis = io.read_meta(analysis_dir, "analysis", verify=False)

@@ -51,7 +51,7 @@ def findings_section(found: pd.DataFrame) -> str:
 
 
 def read_analysis(paths: Paths) -> dict[str, pd.DataFrame]:
-    folder = paths.root / "analysis"
+    folder = paths.analysis
     meta = io.read_meta(folder, "analysis")
     if "haystack.csv" not in meta["files"]:
         raise ArtifactError(
@@ -90,7 +90,7 @@ def analysis_sections(paths: Paths, out_dir: Path | None = None, *, paper: bool 
     (``paper``: the seed's correlations drawn beside ours)."""
     a = read_analysis(paths)
     ret, corr, grid, per_fact = a["retrieval"], a["correlations"], a["learned_grid"], a["per_fact"]
-    meta = io.read_meta(paths.root / "analysis", "analysis", verify=False)
+    meta = io.read_meta(paths.analysis, "analysis", verify=False)
     info = meta["info"]
     if out_dir is not None:
         figures.learned_heatmap(grid, out_dir / "learned_rate.png")
