@@ -256,6 +256,22 @@ def test_holds_counts_replicates() -> None:
     assert F.holds([one, two]) == ["2 of 2", "1 of 2", "0 of 2 (2 not testable)"]
 
 
+def test_the_suites_are_tested_on_replicate_zero_only(tmp_path: Path) -> None:
+    """The suites run on replicate 0's twins: another replicate's findings table has their
+    tables absent, saying so, rather than counting replicate 0's tables again."""
+    from plantbench import config, replicates
+    from plantbench.grading.findings.tables import SUITES_ON_ZERO
+    from plantbench.paths import Paths
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = config.load([root / "config.yaml"], {"results": str(tmp_path), "replicates": 2})
+    one = replicates.select(cfg, 1)
+    absent = F.read_tables(one, Paths(one)).absent
+    assert absent["context_ssp"] == absent["membership"] == absent["grounding"]
+    assert absent["grounding"] == SUITES_ON_ZERO
+    assert F.read_tables(cfg, Paths(cfg)).absent["grounding"] != SUITES_ON_ZERO
+
+
 def test_registry_is_complete_and_stated_once() -> None:
     ids = [f.id for f in F.FINDINGS]
     assert len(ids) == len(set(ids))

@@ -55,6 +55,49 @@ def test_a_finding_departs_only_when_decided_otherwise(here: str, there: str, ho
         assert off == [f"x ({here}; reference {there})"]
 
 
+@pytest.mark.parametrize(
+    ("here", "seen", "holds"),
+    [
+        (N, [R, N], True),  # the replicates themselves split: either decision reproduces
+        (R, [R, N], True),
+        (N, [R, U], False),  # no replicate decided it this way, one decided it the other
+        (U, [R], True),
+        (T, [R, U], False),
+    ],
+)
+def test_a_finding_is_judged_against_every_verdict_its_replicates_gave(
+    here: str, seen: list[str], holds: bool
+) -> None:
+    ref = {reproduce.FINDINGS: {"x": {"verdict": seen[0], "seen": seen}}}
+    held, off = reproduce.judge_findings(_table(x=here), ref)
+    assert held == int(holds)
+    if not holds:
+        assert off == [f"x ({here}; reference {'/'.join(seen)})"]
+
+
+def _full(verdicts: dict[str, str]) -> pd.DataFrame:
+    n = len(verdicts)
+    return pd.DataFrame(
+        {"id": list(verdicts), "verdict": list(verdicts.values()), "ours": [0.1] * n,
+         "low": [0.0] * n, "high": [0.2] * n}
+    )  # fmt: skip
+
+
+def test_the_record_keeps_the_verdicts_every_replicate_gave() -> None:
+    """``seen``: the verdicts of the replicates that could test a finding, in VERDICTS order;
+    replicate 0's alone where no other replicate could (a suite: replicate 0 only)."""
+    per = [
+        _full({"a": R, "b": U, "suite": R}),
+        _full({"a": N, "b": U, "suite": T}),
+        _full({"a": R, "b": R, "suite": T}),
+    ]
+    rec = reproduce.findings_record(per[0], per)
+    assert rec["a"]["seen"] == [R, N] and rec["b"]["seen"] == [R, U]
+    assert rec["suite"]["seen"] == [R]
+    assert "seen" not in reproduce.findings_record(per[0], per[:1])["a"]
+    assert reproduce.problems({reproduce.FINDINGS: {"a": {"verdict": R, "seen": ["maybe"]}}})
+
+
 def test_numbers_are_judged_against_the_spread_only_with_replicates() -> None:
     ref = {
         reproduce.NUMBERS: {

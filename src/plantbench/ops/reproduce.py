@@ -54,9 +54,12 @@ def _finite(x: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def findings_record(table: pd.DataFrame) -> dict[str, dict[str, Any]]:
-    """Per finding: its verdict and this run's number with its interval (None where undefined)."""
-    return {
+def findings_record(
+    table: pd.DataFrame, per_replicate: list[pd.DataFrame] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Per finding: its verdict and this run's number with its interval (None where undefined);
+    over several replicates also ``seen``, every verdict a replicate that could test it gave."""
+    out = {
         str(r["id"]): {
             "verdict": str(r["verdict"]),
             "value": _finite(r["ours"]),
@@ -65,6 +68,23 @@ def findings_record(table: pd.DataFrame) -> dict[str, dict[str, Any]]:
         }
         for _, r in table.iterrows()
     }
+    if per_replicate and len(per_replicate) > 1:
+        for fid, f in out.items():
+            f["seen"] = _seen(fid, f["verdict"], per_replicate)
+    return out
+
+
+def _seen(fid: str, verdict: str, per_replicate: list[pd.DataFrame]) -> list[str]:
+    """The verdicts finding ``fid`` got over the replicates that could test it (in the order of
+    :data:`findings.VERDICTS`); replicate 0's alone when none other could."""
+    got = {verdict}
+    for df in per_replicate:
+        v = str(df.loc[df["id"] == fid, "verdict"].iloc[0])
+        if v != findings.NOT_TESTABLE:
+            got.add(v)
+    if len(got) > 1:
+        got.discard(findings.NOT_TESTABLE)
+    return [v for v in findings.VERDICTS if v in got]
 
 
 def headline_numbers(cfg: dict[str, Any], paths: Paths, table: pd.DataFrame) -> dict[str, float]:
@@ -73,7 +93,7 @@ def headline_numbers(cfg: dict[str, Any], paths: Paths, table: pd.DataFrame) -> 
     out: dict[str, float] = {}
     causal = io.read_meta(paths.causal, "causal")
     out["learned_rate"] = float(causal["info"]["learned_rate"])
-    analysis = paths.root / "analysis"
+    analysis = paths.analysis
     io.read_meta(analysis, "analysis")
     for _, r in pd.read_csv(analysis / "retrieval.csv").iterrows():
         out[f"ap/{r['method']}/{r['model']}"] = float(r["ap"])
@@ -85,28 +105,30 @@ def headline_numbers(cfg: dict[str, Any], paths: Paths, table: pd.DataFrame) -> 
     return {k: v for k, v in out.items() if math.isfinite(v)}
 
 
-def numbers_record(cfg: dict[str, Any], paths: Paths) -> dict[str, dict[str, float]]:
-    """The headline numbers over every replicate of the run: mean, min, max and n (a number
-    missing in one replicate is left out)."""
-    per = []
+Run = tuple[dict[str, Any], Paths, pd.DataFrame]  # a replicate's config, paths, findings
+
+
+def _replicate_runs(cfg: dict[str, Any], paths: Paths) -> list[Run]:
+    """Every replicate of the run: its config, paths and findings table."""
+    out = []
     for r in range(replicates.count(cfg)):
         rcfg = replicates.select({**cfg, "results": str(paths.shared)}, r)
         rpaths = Paths(rcfg)
-        per.append(
-            headline_numbers(
-                rcfg, rpaths, findings.evaluate_tables(findings.read_tables(rcfg, rpaths))
-            )
-        )
-    names = sorted(set.intersection(*(set(p) for p in per)))
-    return {
-        k: {
-            "mean": sum(p[k] for p in per) / len(per),
-            "min": min(p[k] for p in per),
-            "max": max(p[k] for p in per),
-            "n": len(per),
-        }
-        for k in names
-    }
+        out.append((rcfg, rpaths, findings.evaluate_tables(findings.read_tables(rcfg, rpaths))))
+    return out
+
+
+def numbers_record(
+    cfg: dict[str, Any], paths: Paths, runs: list[Run] | None = None
+) -> dict[str, dict[str, float]]:
+    """The headline numbers over every replicate of the run: mean, min, max and ``n``, the
+    replicates that have the number (the suites' numbers come from replicate 0 alone)."""
+    per = [headline_numbers(*run) for run in runs or _replicate_runs(cfg, paths)]
+    out = {}
+    for k in sorted(set().union(*(set(p) for p in per))):
+        xs = [p[k] for p in per if k in p]
+        out[k] = {"mean": sum(xs) / len(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+    return out
 
 
 def _first_model(paths: Paths) -> Path:
@@ -129,11 +151,11 @@ def first_steps(paths: Paths, n: int = N_FIRST_STEPS) -> dict[str, Any]:
 
 def record(cfg: dict[str, Any], paths: Paths) -> dict[str, Any]:
     """What a reference records beside its hashes (the keys :data:`FINDINGS`, :data:`NUMBERS`,
-    :data:`FIRST_STEPS`)."""
-    table = findings.evaluate_tables(findings.read_tables(cfg, paths))
+    :data:`FIRST_STEPS`), over every replicate of the run."""
+    runs = _replicate_runs(cfg, paths)
     return {
-        FINDINGS: findings_record(table),
-        NUMBERS: numbers_record(cfg, paths),
+        FINDINGS: findings_record(runs[0][2], [t for _, _, t in runs]),
+        NUMBERS: numbers_record(cfg, paths, runs),
         FIRST_STEPS: first_steps(paths),
     }
 
@@ -148,6 +170,10 @@ def problems(ref: Mapping[str, Any]) -> list[str]:
     for fid, f in (ref.get(FINDINGS) or {}).items():
         if not isinstance(f, Mapping) or f.get("verdict") not in findings.VERDICTS:
             out.append(f"findings['{fid}'] has no verdict of {', '.join(findings.VERDICTS)}")
+        elif not isinstance(f.get("seen", []), list) or not set(f.get("seen", [])) <= set(
+            findings.VERDICTS
+        ):
+            out.append(f"findings['{fid}'] has a 'seen' that is no list of verdicts")
     for name, v in (ref.get(NUMBERS) or {}).items():
         if not isinstance(v, Mapping) or any(
             _finite(v.get(k)) is None for k in ("min", "max", "n")
@@ -183,12 +209,16 @@ def departure(paths: Paths, ref: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _departs(here: str, there: str) -> bool:
-    """This run's verdict contradicts the reference's: decided the other way, or untestable
-    where the reference tested it."""
-    if DECISIVE.get(there) == here:
+def _departs(here: str, there: Mapping[str, Any]) -> bool:
+    """This run's verdict contradicts the reference's: decided the other way from every verdict
+    the reference's replicates gave (``seen``; its one verdict without replicates), or
+    untestable where the reference tested it."""
+    seen = set(there.get("seen") or [there["verdict"]])
+    if here in seen:
+        return False
+    if here == findings.NOT_TESTABLE:
         return True
-    return here == findings.NOT_TESTABLE and there != findings.NOT_TESTABLE
+    return DECISIVE.get(here) in seen
 
 
 def judge_findings(table: pd.DataFrame, ref: Mapping[str, Any]) -> tuple[int, list[str]]:
@@ -197,9 +227,9 @@ def judge_findings(table: pd.DataFrame, ref: Mapping[str, Any]) -> tuple[int, li
     recorded = ref.get(FINDINGS) or {}
     here = dict(zip(table["id"], table["verdict"], strict=True))
     off = [
-        f"{fid} ({here.get(fid, 'absent')}; reference {f['verdict']})"
+        f"{fid} ({here.get(fid, 'absent')}; reference {'/'.join(f.get('seen') or [f['verdict']])})"
         for fid, f in recorded.items()
-        if _departs(here.get(fid, findings.NOT_TESTABLE), f["verdict"])
+        if _departs(here.get(fid, findings.NOT_TESTABLE), f)
     ]
     return len(recorded) - len(off), off
 

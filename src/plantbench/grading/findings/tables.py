@@ -60,7 +60,10 @@ class _Artifact:
     stage: str
     tables: tuple[str, ...]  # the tables (:data:`TABLES`) in the folder
     why: str
+    every_replicate: bool = True  # False: made on replicate 0's twins only (the suites)
 
+
+SUITES_ON_ZERO = "the suites run on replicate 0's twins only"
 
 # the folder of each table (:data:`TABLES`: its file, the columns it needs)
 _ARTIFACTS = (
@@ -71,7 +74,7 @@ _ARTIFACTS = (
         "the run has no answer key yet (no causal/meta.json)",
     ),
     _Artifact(
-        lambda p: p.root / "analysis",
+        lambda p: p.analysis,
         "analysis",
         ("correlations", "per_fact"),
         "the methods are not graded yet (no analysis/meta.json)",
@@ -81,18 +84,21 @@ _ARTIFACTS = (
         "context_analysis",
         ("context_ssp", "context_metrics"),
         "the context suite has not run (seed 000)",
+        False,
     ),
     _Artifact(
         lambda p: p.membership("analysis"),
         "membership_analysis",
         ("membership",),
         "the membership suite has not run (seed 001)",
+        False,
     ),
     _Artifact(
         lambda p: p.grounding("analysis"),
         "grounding_analysis",
         ("grounding",),
         "the grounding suite has not run (seed 002)",
+        False,
     ),
 )
 assert sorted(n for a in _ARTIFACTS for n in a.tables) == sorted(TABLES)
@@ -111,6 +117,9 @@ def read_tables(cfg: dict[str, Any], paths: Paths) -> RunTables:
     tables: dict[str, pd.DataFrame] = {}
     absent: dict[str, str] = {}
     for a in _ARTIFACTS:
+        if paths.replicate and not a.every_replicate:
+            absent.update(dict.fromkeys(a.tables, SUITES_ON_ZERO))
+            continue
         folder = a.folder(paths)
         if not (folder / io.META).is_file():
             absent.update(dict.fromkeys(a.tables, a.why))
