@@ -91,6 +91,30 @@ def test_a_replicates_artifact_records_its_index(smoke_cfg: dict[str, Any]) -> N
     assert lineage.problem(smoke_cfg, facts, "facts") is None
 
 
+def test_a_step_over_every_replicate_reads_each_under_its_own_index(
+    smoke_cfg: dict[str, Any],
+) -> None:
+    """A step over every replicate (the summary, the report) accepts replicate r's artifact in
+    replicate r's folder and refuses it anywhere else (the default study's replicates run
+    stopped here: the summary judged replicate 1's analysis by replicate 0's index)."""
+    cfg = {**smoke_cfg, "replicates": 3}
+    results = Path(cfg["results"])
+    one = {lineage.KEY: lineage.record({**cfg, "replicate": 1}, "causal")}
+    lineage.begin(cfg, "replicates")
+    try:
+        lineage.check_read(one, results / "replicates" / "1" / "causal")
+        for elsewhere in (results / "causal", results / "replicates" / "2" / "causal"):
+            with pytest.raises(lineage.LineageError, match="replicate = 1"):
+                lineage.check_read(one, elsewhere)
+        lineage.begin({**cfg, "replicate": 2}, "analysis")  # a per-replicate step: its own index
+        with pytest.raises(lineage.LineageError, match="replicate = 1"):
+            lineage.check_read(one, results / "replicates" / "1" / "causal")
+    finally:
+        lineage.end()
+    assert lineage.replicate_of(cfg, results / "replicates" / "2" / "models" / "A") == 2
+    assert lineage.replicate_of(cfg, results / "models" / "A") == 0
+
+
 # --------------------------------------------------------------------------- on a finished run
 
 

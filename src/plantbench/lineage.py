@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from plantbench import replicates
 from plantbench.config import NOT_STUDY
 from plantbench.errors import ArtifactError
 from plantbench.stages import ALL, BY_RULE
@@ -154,11 +155,23 @@ def check_read(meta: Mapping[str, Any], where: str | Path) -> None:
     rec = meta.get(KEY)
     if isinstance(rec, Mapping) and rec.get("rule") == rule:
         return
+    if not BY_RULE[rule].per_replicate:  # a step over every replicate (the summary, the report)
+        cfg = {**cfg, REPLICATE: replicate_of(cfg, where)}
     found = problem(cfg, meta, str(where))
     if found is not None:
         raise LineageError(
             f"step '{rule}' refuses an input: {found}; {fix(rec['rule'], _config_copy(cfg))}"
         )
+
+
+def replicate_of(cfg: Mapping[str, Any], where: str | Path) -> int:
+    """The replicate whose folder ``where`` lies in (``results/replicates/<r>/``; anything else
+    under the results folder is replicate 0's, anything outside it the config's own)."""
+    try:
+        rel = Path(where).resolve().relative_to(Path(cfg["results"]).resolve())
+    except ValueError:
+        return int(cfg.get(REPLICATE, 0))
+    return replicates.split_name(rel.as_posix())[0]
 
 
 def _config_copy(cfg: Mapping[str, Any]) -> Path:
