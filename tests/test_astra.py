@@ -149,10 +149,8 @@ def test_zero_steps_is_ekfac_exactly(model64, fitted, windows, batch):  # noqa: 
     for n in fitted.names:
         w = want[n].numpy()
         np.testing.assert_allclose(got[n].numpy(), w, rtol=1e-10, atol=1e-12 * np.abs(w).max())
-    n_params = sum(int(v.numel()) for v in fitted.lam.values())
-    makers = [lambda part: ekfac.preconditioned_queries(model64, fitted, part)]
-    both = [*makers, _astra(model64, fitted, windows, 0)]
-    ek, ast = ekfac.chunked_scores_of(model64, both, n_params, batch, windows, 4)
+    extra = [_astra(model64, fitted, windows, 0)]
+    ek, ast = ekfac.chunked_scores_of(model64, fitted, batch, windows, 4, extra)
     alone = ekfac.chunked_scores(model64, fitted, batch, windows, 4)
     np.testing.assert_allclose(ek, alone, rtol=1e-6, atol=1e-9 * np.abs(alone).max())
     np.testing.assert_allclose(ast, alone, rtol=1e-5, atol=1e-6 * np.abs(alone).max())

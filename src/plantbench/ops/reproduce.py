@@ -30,7 +30,7 @@ from typing import Any
 
 import pandas as pd
 
-from plantbench import io, replicates
+from plantbench import io
 from plantbench.grading import findings
 from plantbench.paths import Paths
 
@@ -105,25 +105,12 @@ def headline_numbers(cfg: dict[str, Any], paths: Paths, table: pd.DataFrame) -> 
     return {k: v for k, v in out.items() if math.isfinite(v)}
 
 
-Run = tuple[dict[str, Any], Paths, pd.DataFrame]  # a replicate's config, paths, findings
-
-
-def _replicate_runs(cfg: dict[str, Any], paths: Paths) -> list[Run]:
-    """Every replicate of the run: its config, paths and findings table."""
-    out = []
-    for r in range(replicates.count(cfg)):
-        rcfg = replicates.select({**cfg, "results": str(paths.shared)}, r)
-        rpaths = Paths(rcfg)
-        out.append((rcfg, rpaths, findings.evaluate_tables(findings.read_tables(rcfg, rpaths))))
-    return out
-
-
 def numbers_record(
-    cfg: dict[str, Any], paths: Paths, runs: list[Run] | None = None
+    cfg: dict[str, Any], paths: Paths, runs: list[findings.Run] | None = None
 ) -> dict[str, dict[str, float]]:
     """The headline numbers over every replicate of the run: mean, min, max and ``n``, the
     replicates that have the number (the suites' numbers come from replicate 0 alone)."""
-    per = [headline_numbers(*run) for run in runs or _replicate_runs(cfg, paths)]
+    per = [headline_numbers(*run) for run in runs or findings.replicate_runs(cfg, paths)]
     out = {}
     for k in sorted(set().union(*(set(p) for p in per))):
         xs = [p[k] for p in per if k in p]
@@ -152,7 +139,7 @@ def first_steps(paths: Paths, n: int = N_FIRST_STEPS) -> dict[str, Any]:
 def record(cfg: dict[str, Any], paths: Paths) -> dict[str, Any]:
     """What a reference records beside its hashes (the keys :data:`FINDINGS`, :data:`NUMBERS`,
     :data:`FIRST_STEPS`), over every replicate of the run."""
-    runs = _replicate_runs(cfg, paths)
+    runs = findings.replicate_runs(cfg, paths)
     return {
         FINDINGS: findings_record(runs[0][2], [t for _, _, t in runs]),
         NUMBERS: numbers_record(cfg, paths, runs),

@@ -248,9 +248,7 @@ def chunked_scores(
     what: str = "ekfac",
 ) -> np.ndarray:
     """Every query's scores against every window, the queries in :func:`plantbench.layout.ekfac_query_chunks`."""
-    makers = [lambda part: preconditioned_queries(net, ek, part)]
-    n_params = sum(int(v.numel()) for v in ek.lam.values())
-    return chunked_scores_of(net, makers, n_params, queries_batch, windows, batch, budget, what)[0]
+    return chunked_scores_of(net, ek, queries_batch, windows, batch, budget=budget, what=what)[0]
 
 
 QueryVectors = Callable[[Batch], dict[str, torch.Tensor]]
@@ -260,17 +258,21 @@ gradients (EK-FAC's preconditioned query gradients, ASTRA's refined ones)."""
 
 def chunked_scores_of(
     net: torch.nn.Module,
-    makers: Sequence[QueryVectors],
-    n_params: int,
+    ek: EKFAC,
     queries_batch: Batch,
     windows: np.ndarray,
     batch: int,
+    extra: Sequence[QueryVectors] = (),
+    *,
     budget: int = layout.EKFAC_MEMORY_BYTES,
     what: str = "ekfac",
 ) -> list[np.ndarray]:
-    """One score matrix ``[n_q, n_windows]`` per maker, all from the same passes over the pool:
-    each chunk of queries (every maker's ``n_params`` float32 values per query within
-    ``budget``) has each maker's vectors stacked and dotted with every window's gradient once."""
+    """One score matrix ``[n_q, n_windows]`` for EK-FAC's preconditioned queries and one per
+    ``extra`` maker (ASTRA's refined ones), all from the same passes over the pool: each chunk of
+    queries (every maker's float32 values per query within ``budget``) has each maker's vectors
+    stacked and dotted with every window's gradient once."""
+    makers = [lambda part: preconditioned_queries(net, ek, part), *extra]
+    n_params = sum(int(v.numel()) for v in ek.lam.values())
     dev = device_of(net)
     ids, mask, attn = (None if t is None else t.to(dev) for t in queries_batch)
     chunks = layout.ekfac_query_chunks(ids.shape[0], n_params * len(makers), budget)

@@ -20,7 +20,6 @@ from plantbench.attribution.ekfac.maths import (
     Batch,
     chunked_scores_of,
     fit,
-    preconditioned_queries,
 )
 from plantbench.attribution.ekfac.store import config_hash, write_scores
 from plantbench.attribution.gradients.store import SHARD_JSON, GradientStore
@@ -99,17 +98,15 @@ def _scores(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """EK-FAC's scores and ASTRA's (None without it), both from the same passes over the pool
     (:func:`plantbench.attribution.ekfac.maths.chunked_scores_of`), checked finite."""
-    makers = [lambda part: preconditioned_queries(net, ek, part)]
-    n_params = sum(int(v.numel()) for v in ek.lam.values())
     outs = chunked_scores_of(
         net,
-        makers if astra is None else [*makers, astra],
-        n_params,
+        ek,
         queries,
         windows,
         int(cfg["features"]["batch_windows"]),
-        layout.ekfac_memory_bytes(cfg),
-        f"ekfac {model}",
+        () if astra is None else (astra,),
+        budget=layout.ekfac_memory_bytes(cfg),
+        what=f"ekfac {model}",
     )
     for name, out in zip(("EK-FAC", "ASTRA"), outs, strict=False):
         if not np.isfinite(out).all():

@@ -58,11 +58,13 @@ from plantbench.grading.findings.core import (
 )
 from plantbench.grading.findings.tables import (
     COLUMNS,
+    Run,
     evaluate,
     evaluate_tables,
     holds,
     line_text,
     read_tables,
+    replicate_runs,
     this_run,
     verdict_counts,
 )
@@ -96,6 +98,7 @@ __all__ = [
     "Measure",
     "Measurement",
     "NotTestable",
+    "Run",
     "RunTables",
     "Side",
     "Stat",
@@ -108,6 +111,7 @@ __all__ = [
     "margin",
     "read_tables",
     "registered",
+    "replicate_runs",
     "this_run",
     "verdict",
     "verdict_counts",

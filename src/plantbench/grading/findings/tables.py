@@ -31,6 +31,7 @@ from plantbench.grading.findings.core import (
     registered,
 )
 from plantbench.paths import Paths
+from plantbench.stages import BY_RULE
 
 COLUMNS = [
     "id",
@@ -60,7 +61,6 @@ class _Artifact:
     stage: str
     tables: tuple[str, ...]  # the tables (:data:`TABLES`) in the folder
     why: str
-    every_replicate: bool = True  # False: made on replicate 0's twins only (the suites)
 
 
 SUITES_ON_ZERO = "the suites run on replicate 0's twins only"
@@ -84,21 +84,18 @@ _ARTIFACTS = (
         "context_analysis",
         ("context_ssp", "context_metrics"),
         "the context suite has not run (seed 000)",
-        False,
     ),
     _Artifact(
         lambda p: p.membership("analysis"),
         "membership_analysis",
         ("membership",),
         "the membership suite has not run (seed 001)",
-        False,
     ),
     _Artifact(
         lambda p: p.grounding("analysis"),
         "grounding_analysis",
         ("grounding",),
         "the grounding suite has not run (seed 002)",
-        False,
     ),
 )
 assert sorted(n for a in _ARTIFACTS for n in a.tables) == sorted(TABLES)
@@ -117,7 +114,7 @@ def read_tables(cfg: dict[str, Any], paths: Paths) -> RunTables:
     tables: dict[str, pd.DataFrame] = {}
     absent: dict[str, str] = {}
     for a in _ARTIFACTS:
-        if paths.replicate and not a.every_replicate:
+        if paths.replicate and not BY_RULE[a.stage].per_replicate:  # made on replicate 0 only
             absent.update(dict.fromkeys(a.tables, SUITES_ON_ZERO))
             continue
         folder = a.folder(paths)
@@ -205,18 +202,28 @@ def holds(per_replicate: list[pd.DataFrame]) -> list[str]:
     return out
 
 
+Run = tuple[dict[str, Any], Paths, pd.DataFrame]  # a replicate's config, paths, findings
+
+
+def replicate_runs(cfg: dict[str, Any], paths: Paths) -> list[Run]:
+    """Every replicate of the run (config ``replicates``): its config, paths and findings
+    table, each judged on its own tables."""
+    out = []
+    for r in range(replicates.count(cfg)):
+        rcfg = replicates.select({**cfg, "results": str(paths.shared)}, r)
+        rpaths = Paths(rcfg)
+        out.append((rcfg, rpaths, evaluate_tables(read_tables(rcfg, rpaths))))
+    return out
+
+
 def evaluate(cfg: dict[str, Any], paths: Paths) -> pd.DataFrame:
     """Every registered finding on ``paths``' replicate of the run (columns :data:`COLUMNS`,
     one row per finding in registry order). With several replicates (config ``replicates``),
     ``holds`` says in how many the finding is reproduced, each judged on its own tables."""
-    out = evaluate_tables(read_tables(cfg, paths))
-    n = replicates.count(cfg)
-    if n < 2:
-        return out
-    per = []
-    for r in range(n):
-        rcfg = replicates.select({**cfg, "results": str(paths.shared)}, r)
-        per.append(out if r == paths.replicate else evaluate_tables(read_tables(rcfg, Paths(rcfg))))
+    if replicates.count(cfg) < 2:
+        return evaluate_tables(read_tables(cfg, paths))
+    per = [table for _, _, table in replicate_runs(cfg, paths)]
+    out = per[paths.replicate].copy()
     out["holds"] = holds(per)
     return out
 
