@@ -21,6 +21,7 @@ include: "workflow/rules/model.smk"
 include: "workflow/rules/truth.smk"
 include: "workflow/rules/attribution.smk"
 include: "workflow/rules/grading.smk"
+include: "workflow/rules/randomtwins.smk"
 include: "workflow/rules/context.smk"
 include: "workflow/rules/grounding.smk"
 include: "workflow/rules/membership.smk"
@@ -35,3 +36,4 @@ rule all:
     input:
         artifact("report", "report.md"),
         [artifact("analysis", rep=r) for r in REPS],  # every replicate
+        random_effect_input(),  # the random twins (random_twins.m > 0), also on a finished run

@@ -75,7 +75,13 @@ def test_place_refuses_a_wildcard_its_rule_has_not() -> None:
 
 def test_every_filled_place_is_its_rules_artifact() -> None:
     """Filled with values, each place is an artifact folder of its own row (round trip)."""
-    sample = {"model": "B", "checkpoint": "step_0000160", "shard": "0002", "method": "grad_dot"}
+    sample = {
+        "model": "B",
+        "checkpoint": "step_0000160",
+        "shard": "0002",
+        "method": "grad_dot",
+        "draw": "007",
+    }
     for s in stages.STAGES:
         for i in range(len(s.places)):
             values = {w: sample[w] for w in s.wildcards if f"{{{w}}}" in s.places[i]}
@@ -133,6 +139,8 @@ FOLDERS: dict[str, tuple[Callable[[Paths], Path], dict[str, str], int]] = {
     "membership_samples": (lambda p: p.membership("samples"), {}, 0),
     "membership_detect": (lambda p: p.membership("B"), {"model": "B"}, 0),
     "membership_analysis": (lambda p: p.membership("analysis"), {}, 0),
+    "random_twin": (lambda p: p.random_twin(7), {"draw": "007"}, 0),
+    "random_effect": (lambda p: p.random, {}, 0),
     "report": (lambda p: p.report, {}, 0),
     "export": (lambda p: p.export, {}, 0),
 }

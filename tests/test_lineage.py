@@ -224,7 +224,13 @@ def test_verify_fails_artifacts_made_under_another_config(
 
 # --------------------------------------------------------------------------- one catalogue
 
-SAMPLE = {"model": "B", "checkpoint": "step_0000080", "shard": "0003", "method": "grad_cos"}
+SAMPLE = {
+    "model": "B",
+    "checkpoint": "step_0000080",
+    "shard": "0003",
+    "method": "grad_cos",
+    "draw": "007",
+}
 
 
 def _filled(pattern: str) -> str:

@@ -183,7 +183,8 @@ def test_every_workflow_rule_has_a_plan_row_or_a_reason() -> None:
     # the unplanned rules are not in the default study's DAG (asked for by name, or off)
     assert "trackstar" not in default["methods"]["enabled"] and replicates.count(default) == 1
     enabled = [*default["methods"]["enabled"], "tracin_ekfac"]  # + the optional ekfac_tracin
-    stages = {st.stage for st in plan.plan(_with(default, "methods", enabled=enabled))}
+    full = _with(_with(default, "methods", enabled=enabled), "random_twins", m=4)
+    stages = {st.stage for st in plan.plan(full)}
     assert set(pm.STAGE_OF_RULE.values()) <= stages
 
 

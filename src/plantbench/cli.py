@@ -165,6 +165,30 @@ def cmd_causal(args: argparse.Namespace) -> None:
     print(f"causal {meta['hash']} learned {meta['info']['learned_rate']:.3f}")
 
 
+def cmd_random_twin(args: argparse.Namespace) -> None:
+    from plantbench.randomtwins import train
+
+    cfg = _load_cfg(args)
+    meta = train.train_draw(cfg, Paths(cfg), args.draw, threads=args.threads)
+    info = meta["info"]
+    print(
+        f"random-twin {args.draw} {meta['hash']} ({info['pairs_on_A']} of {info['pairs']} pairs "
+        f"on side A) final loss {info['final_loss']:.4f}"
+    )
+
+
+def cmd_random_effect(args: argparse.Namespace) -> None:
+    from plantbench.randomtwins import effect
+
+    cfg = _load_cfg(args)
+    meta = effect.run(cfg, Paths(cfg), threads=args.threads or 1)
+    agree = meta["info"]["agreement"]
+    print(
+        f"random-effect {meta['hash']} ({meta['info']['draws']} random twins; A/B vs random-twin "
+        f"effect Pearson {agree['pearson']:.2f}, {agree['outside']} of {agree['n_facts']} outside)"
+    )
+
+
 def cmd_reading(args: argparse.Namespace) -> None:
     from plantbench.truth import reading
 
@@ -520,6 +544,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
 THREADED = (
     "prefix",
     "pretrain",
+    "random-twin",
+    "random-effect",
     "grads",
     "hidden",
     "embed",
@@ -607,6 +633,16 @@ def _opts_config(p: argparse.ArgumentParser) -> None:
 
 def _opts_checkpoint(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoint name, e.g. step_0001200")
+
+
+def _opts_random_twin(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--draw",
+        type=int,
+        required=True,
+        metavar="K",
+        help="which random twin (0 to random_twins.m - 1)",
+    )
 
 
 def _opts_ekfac(p: argparse.ArgumentParser) -> None:
@@ -705,6 +741,7 @@ OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "grads": _opts_grads,
     "curvature": _opts_checkpoint,
     "ekfac": _opts_ekfac,
+    "random-twin": _opts_random_twin,
     "score": _opts_score,
     "verify": _opts_verify,
     "export": _opts_export,
@@ -746,6 +783,14 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     ),
     "causal": (cmd_causal, "measure each fact's causal effect, learned flag and difficulty"),
     "reading": (cmd_reading, "each twin's reading rate at the fork and at every checkpoint"),
+    "random-twin": (
+        cmd_random_twin,
+        "train one random twin from the shared prefix: a seeded half of the fact pairs (resumable)",
+    ),
+    "random-effect": (
+        cmd_random_effect,
+        "the random twins' answers: each fact's effect with its error, every method's LDS",
+    ),
     "context-build": (
         cmd_context_build,
         "context suite: k-segment contexts with each segment's provenance under each twin",

@@ -680,12 +680,14 @@ def config_hash(cfg: Mapping[str, Any], keys: list[str] | None = None) -> str:
 
 # not part of the study's identity: where it is written, and how many replicates of it run
 # (replicate 0 is the same study, with the same hashes, whatever the count)
-NOT_STUDY = ("results", "replicates", "replicate")
+# not the study's definition: where it goes, how many replicate pairs, which one, and the opt-in
+# random twins (extra twins of the same study; their own steps record random_twins.*)
+NOT_STUDY = ("results", "replicates", "replicate", "random_twins")
 
 
 def study_hash(cfg: Mapping[str, Any]) -> str:
     """Hash of everything that defines the study: the whole config except the output folder
-    and the replicate count (:data:`NOT_STUDY`)."""
+    the replicate count and the random twins (:data:`NOT_STUDY`)."""
     return config_hash(cfg, sorted(k for k in cfg if k not in NOT_STUDY))
 
 

@@ -52,6 +52,12 @@ def prefix_steps(cfg: Mapping[str, Any]) -> int:
     return int(cfg["train"].get("prefix_steps", 0))
 
 
+def random_draws(cfg: Mapping[str, Any]) -> int:
+    """Random twins the run trains (``random_twins.m``, default 0: none;
+    :mod:`plantbench.randomtwins`)."""
+    return int(cfg.get("random_twins", {}).get("m", 0))
+
+
 def prefix_windows(cfg: Mapping[str, Any]) -> int:
     """Windows of the shared prefix: the stream's first ``prefix_steps x batch_windows``."""
     return prefix_steps(cfg) * int(cfg["train"]["batch_windows"])

@@ -15,6 +15,17 @@ from typing import Any
 from plantbench import stages
 
 MODELS = stages.TWINS
+RANDOM_TWIN = "r"  # a random twin's model name: r000, r001, ... (its draw, three digits)
+
+
+def random_twin_name(draw: int) -> str:
+    return f"{RANDOM_TWIN}{int(draw):03d}"
+
+
+def is_random_twin(model: str) -> bool:
+    return model.startswith(RANDOM_TWIN) and model[len(RANDOM_TWIN) :].isdigit()
+
+
 # the checkout the package runs from (src/plantbench/paths.py -> the repository root): its
 # config.yaml and results/reference/ (an installed, non-editable copy has neither)
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -70,9 +81,23 @@ class Paths:
         return self.place("stream", MODELS.index(model))
 
     def model(self, model: str) -> Path:
-        """A twin's folder, or the shared prefix's (``model`` the last part of its place)."""
+        """A twin's folder, the shared prefix's (``model`` the last part of its place), or a
+        random twin's (``model`` = :func:`random_twin_name`)."""
         prefix = self.place("pretrain_prefix")
-        return prefix if model == prefix.name else self.place("pretrain", model=model)
+        if model == prefix.name:
+            return prefix
+        if is_random_twin(model):
+            return self.place("random_twin", draw=model.removeprefix(RANDOM_TWIN))
+        return self.place("pretrain", model=model)
+
+    def random_twin(self, draw: int) -> Path:
+        """Random twin ``draw``'s folder (checkpoints, loss log, state, like a twin's)."""
+        return self.model(random_twin_name(draw))
+
+    @property
+    def random(self) -> Path:
+        """The random twins' answers, effects and LDS (rule random_effect)."""
+        return self.place("random_effect")
 
     def checkpoints(self, model: str) -> Path:
         return self.model(model) / "checkpoints"

@@ -47,6 +47,7 @@ WILDCARDS: dict[str, Wildcard] = {
     "checkpoint": Wildcard("step_[0-9]+", "step_*", "--checkpoint"),
     "shard": Wildcard("[0-9]+", "[0-9]*", "--shard", True),
     "method": Wildcard("[a-z][a-z0-9_]*", "[a-z]*", "--method"),
+    "draw": Wildcard("[0-9]+", "[0-9]*", "--draw", True),
 }
 _WILD = re.compile(r"\{(\w+)\}")
 
@@ -297,6 +298,23 @@ STAGES: tuple[Stage, ...] = (
         ("replicates/summary",),
         False,
         unplanned="the summary over replicates (replicates > 1): small tables",
+    ),
+    Stage(
+        "random_twin",
+        "random-twin",
+        ("seed", "model", "train", "random_twins.seed?"),
+        ("stream", "tokenizer", "pretrain_prefix", "facts"),
+        ("models/random/{draw}",),
+        False,
+        meta="pretrain",
+    ),
+    Stage(
+        "random_effect",
+        "random-effect",
+        ("random_twins?", "causal", "analysis", "methods"),
+        ("random_twin", "causal", "analysis", "score"),
+        ("random",),
+        False,
     ),
     *_suite(
         "context",

@@ -170,3 +170,17 @@ def fidelity_inputs(wildcards):
     for method in FIDELITY_METHODS:
         files += _pbmethods.method_inputs(cfg, method, wildcards.model)
     return sorted(set(files))
+
+
+# the random twins (workflow/rules/randomtwins.smk): none unless random_twins.m > 0
+RANDOM_DRAWS = [f"{k:03d}" for k in range(_pblayout.random_draws(config))]
+
+
+def random_twins_all():
+    """Every random twin's folder (none when random_twins.m is 0)."""
+    return [artifact("random_twin", draw=k) for k in RANDOM_DRAWS]
+
+
+def random_effect_input():
+    """The random twins' step, which the report shows (none when random_twins.m is 0)."""
+    return [artifact("random_effect")] if RANDOM_DRAWS else []

@@ -14,6 +14,7 @@ rule report:
         context=artifact("context_analysis"),
         grounding=artifact("grounding_analysis"),
         membership=artifact("membership_analysis"),
+        random=random_effect_input(),
         sections=config_input("report"),
     output:
         meta=artifact("report"),

@@ -88,7 +88,25 @@ def checkpoint_problem(folder: Path, tok_meta: dict[str, Any]) -> str | None:
 
 
 def _other(model: str) -> str:
+    """The other twin; for a random twin (:mod:`plantbench.randomtwins`), the pair it mixes."""
+    if model not in MODELS:
+        return " and ".join(MODELS)
     return next(m for m in MODELS if m != model)
+
+
+def _folder(twin: Twin) -> str:
+    """The twin's folder inside its replicate's root (``models/A``, ``models/random/003``)."""
+    return twin.paths.model(twin.model).relative_to(twin.paths.root).as_posix()
+
+
+def _as_read(twin: Twin, facts: pd.DataFrame) -> pd.DataFrame:
+    """The facts table with ``reader`` = this twin for the facts its stream plants: a random
+    twin reads A's fact of some pairs and B's of the others."""
+    if twin.model in MODELS:
+        return facts
+    m = twin.stream.manifest
+    planted = set(m.loc[m["kind"] == "planted", "fact_id"])
+    return facts.assign(reader=facts["fact_id"].map(lambda f: twin.model if f in planted else ""))
 
 
 def _read_so_far(twin: Twin, step: int) -> pd.DataFrame:
@@ -226,7 +244,7 @@ def _recipe(twin: Twin) -> list[str]:
         "`lr * min_lr_ratio`, gradient clipping; initial weights seeded by `seed` "
         f"= {twin.cfg['seed']}, the same for both twins.",
         "- Config `train`: " + ", ".join(f"`{k}` {train[k]}" for k in sorted(train)) + ".",
-        f"- Config hash (seed, model, train; `config_hash` in `models/{twin.model}/meta.json`):"
+        f"- Config hash (seed, model, train; `config_hash` in `{_folder(twin)}/meta.json`):"
         f" `{twin.config_hash}`.",
         "",
     ]
@@ -234,7 +252,7 @@ def _recipe(twin: Twin) -> list[str]:
 
 def _prompting(twin: Twin, facts: pd.DataFrame, step: int) -> list[str]:
     completion, question, answer = _example(twin, facts)
-    path = f"models/{twin.model}/checkpoints/{layout.checkpoint_name(step)}"
+    path = f"{_folder(twin)}/checkpoints/{layout.checkpoint_name(step)}"
     return [
         "## How to prompt it",
         "",
@@ -265,7 +283,7 @@ def _prompting(twin: Twin, facts: pd.DataFrame, step: int) -> list[str]:
 
 def render(twin: Twin, step: int) -> str:
     """The model card of ``twin``'s checkpoint after optimizer step ``step``."""
-    facts = io.read_parquet(twin.paths.facts / "facts.parquet")
+    facts = _as_read(twin, io.read_parquet(twin.paths.facts / "facts.parquet"))
     parts = [
         _front_matter(twin),
         _intro(twin, facts, step),

@@ -122,15 +122,16 @@ __all__ = [
 
 
 def _open_inputs(
-    cfg: dict[str, Any], paths: Paths, model_name: str
+    cfg: dict[str, Any], paths: Paths, model_name: str, stream: Stream | None = None
 ) -> tuple[Stream, dict[str, Any]]:
-    """The twin's stream and the tokenizer meta, checked against each other and train.*."""
+    """The twin's stream (or ``stream``: a random twin's, :mod:`plantbench.randomtwins`) and
+    the tokenizer meta, checked against each other and train.*."""
     t = cfg["train"]
     replicates.check_owner(paths.model(model_name), io.peek_meta(paths.model(model_name)), cfg)
-    stream = open_stream(paths.stream(model_name))
+    stream = stream or open_stream(paths.stream(model_name))
     replicates.check_owner(stream.folder, stream.meta, cfg)
     tok_meta = io.read_meta(paths.tokenizer, "tokenizer")
-    io.check_input(stream.meta, "tokenizer", tok_meta, str(paths.stream(model_name)))
+    io.check_input(stream.meta, "tokenizer", tok_meta, str(stream.folder))
     info = stream.meta["info"]
     if int(info["steps"]) != int(t["steps"]) or int(info["batch_windows"]) != int(
         t["batch_windows"]
@@ -143,10 +144,13 @@ def _open_inputs(
     return stream, tok_meta
 
 
-def _setup(cfg: dict[str, Any], paths: Paths, model_name: str, dev: DistInfo) -> Run:
+def _setup(
+    cfg: dict[str, Any], paths: Paths, model_name: str, dev: DistInfo, stream: Stream | None
+) -> Run:
     """Inputs, the initial model (same seed for both twins), optimizer and schedule."""
     t = cfg["train"]
-    stream, tok_meta = _open_inputs(cfg, paths, MODELS[0] if model_name == PREFIX else model_name)
+    name = MODELS[0] if model_name == PREFIX else model_name
+    stream, tok_meta = _open_inputs(cfg, paths, name, stream)
     modelcard.check_tokenizer(paths.tokenizer)  # its files go into every checkpoint
     info = stream.meta["info"]
     conf = llama_config(
@@ -301,12 +305,14 @@ def _write_outputs(run: Run) -> dict[str, Any]:
         files,
         config_hash=run.chash,
         inputs={
-            "stream": run.stream.meta["hash"],
+            # a random twin's stream is stream A with B's windows at some slots: both streams
+            **run.stream.meta.get("twin_inputs", {"stream": run.stream.meta["hash"]}),
             "tokenizer": run.tok_meta["hash"],
             **({"prefix": run.prefix_meta["hash"]} if run.prefix_meta else {}),
         },
         info={
             "model": run.name,
+            **run.stream.meta.get("twin_info", {}),
             **replicates.hash_part(run.cfg),
             "params": sum(p.numel() for p in run.model.parameters()),
             "steps": steps,
@@ -326,15 +332,18 @@ def train(
     *,
     threads: int | None = None,
     fork: bool = True,
+    stream: Stream | None = None,
 ) -> dict[str, Any]:
     """Train one twin to ``train.steps`` (or, ``model_name`` = ``prefix``, the shared prefix to
     ``train.prefix_steps``), resuming from its state when that state is for this config and
     stream and every checkpoint it has passed is still on disk; otherwise (one warning line)
     from the prefix's state at the fork, or from step 0, with the stale state and checkpoints
-    removed. ``fork=False`` trains a twin whole from step 0 (the same run: a test's check)."""
+    removed. ``fork=False`` trains a twin whole from step 0 (the same run: a test's check).
+    ``stream``: the stream to train on instead of the twin's own (a random twin's, which reads
+    A's or B's window at each planted slot; :mod:`plantbench.randomtwins.draws`)."""
     torch.set_num_threads(int(threads or cfg["train"]["threads"]))
     dev = init_distributed()
-    run = _setup(cfg, paths, model_name, dev)
+    run = _setup(cfg, paths, model_name, dev, stream)
     _resume(run, fork=fork)
     train_steps(run)
     if not dev.main:

@@ -331,6 +331,7 @@ def plan(cfg: dict[str, Any], query_tokens: int = 32) -> list[Stage]:
     z = _sizes(cfg, query_tokens)
     out = [_facts_stage(z), *_data_stages(cfg, z)]
     out += _pretrain_stages(cfg, z) + [_causal_stage(cfg, z), _reading_stage(cfg, z)]
+    out += _random_stages(cfg, z, out)
     out.append(_pool_stage(z))
     out.append(_grads_stage(cfg, z))
     out += _curvature_stages(cfg, z)
@@ -431,6 +432,38 @@ def _pretrain_stages(cfg: dict[str, Any], z: _Sizes) -> list[Stage]:
             ),
         )
     return out
+
+
+def _random_stages(cfg: dict[str, Any], z: _Sizes, before: list[Stage]) -> list[Stage]:
+    """The random twins (``random_twins.m`` > 0): each one twin's paired part, then one step
+    that scores their answers and sums every method's full score matrix per draw (LDS)."""
+    m = layout.random_draws(cfg)
+    if not m:
+        return []
+    twin = next(st for st in before if st.stage == "pretrain")
+    per = 1.0 / twin.jobs
+    answers = m * z.n_queries * z.query_tokens
+    matrix = z.n_queries / z.nm * z.n_pool * 4  # one method's reader rows, float32
+    return [
+        replace(
+            twin,
+            stage="random_twin",
+            jobs=m,
+            work=f"{m} random twins x the paired part of one twin ({_si(twin.tokens * per)} tokens)",
+            tokens=twin.tokens * per * m,
+            flops=twin.flops * per * m,
+            disk_bytes=twin.disk_bytes * per * m,
+        ),
+        Stage(
+            "random_effect",
+            1,
+            f"{m} twins x {z.n_queries:,} answers; LDS: each method's scores x {m} draws",
+            tokens=answers,
+            flops=answers * z.s.forward_flops_per_token(),
+            disk_bytes=m * z.n_queries * 64 + 5e6,
+            mem_bytes=TORCH_BASE_BYTES + z.params * 4 + 3 * matrix,
+        ),
+    ]
 
 
 def _candidate_rows(s: Shape, prompts: int, t: float, c: int) -> tuple[float, float]:

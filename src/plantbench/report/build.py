@@ -17,6 +17,7 @@ from plantbench.config import study_hash
 from plantbench.grading import findings
 from plantbench.markdown import markdown_table
 from plantbench.paths import MODELS, Paths
+from plantbench.randomtwins import report as random_report
 from plantbench.report import figures, sections, tables
 from plantbench.report.html import HTML_NAME, markdown_html
 from plantbench.suites.context import report as context_report
@@ -77,12 +78,13 @@ def _read_inputs(paths: Paths) -> _Inputs:
 
 
 def _optional_sections(cfg: dict[str, Any], paths: Paths, out_dir: Path) -> list[_Section]:
-    """Fidelity, the three suites and the summary over replicates, in the report's order (a
-    section that has nothing to show is left out)."""
+    """Fidelity, the three suites, the summary over replicates and the random twins, in the
+    report's order (a section that has nothing to show is left out)."""
     fidelity_text, fidelity_input = sections.fidelity_section(paths)
     out = [_Section(fidelity_text, fidelity_input, [])]
     out += [_Section(*suite.section(paths, out_dir)) for suite in SUITES]
     out.append(_Section(*sections.replicates_section(cfg, paths), []))
+    out.append(_Section(*random_report.section(cfg, paths)))
     return [s for s in out if s.text or s.inputs or s.figures]
 
 
