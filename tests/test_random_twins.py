@@ -247,14 +247,16 @@ def smoke_random(smoke_run: Path, tmp_path_factory: pytest.TempPathFactory) -> d
     base = tmp_path_factory.mktemp("smoke random")
     root = base / "results"
     shutil.copytree(smoke_run, root)
-    over = base / "random.yaml"
-    over.write_text(json.dumps({"results": str(root), "random_twins": {"m": 4, "seed": 3}}))
-    files = ["-c", str(root / "config.json"), "-c", str(over)]
+    cfg = config.deep_merge(
+        json.loads((root / "config.json").read_text()),
+        {"results": str(root), "random_twins": {"m": 4, "seed": 3}},
+    )
+    (root / "config.json").write_text(json.dumps(cfg))  # the copy's own: verify reads it
+    files = ["-c", str(root / "config.json")]
     for k in range(4):
         assert cli.main(["random-twin", *files, "--draw", str(k)]) == 0
     assert cli.main(["random-effect", *files]) == 0
-    cfg = config.load([root / "config.json", over])
-    return {"cfg": cfg, "paths": Paths(cfg)}
+    return {"cfg": cfg, "paths": Paths(cfg), "config": root / "config.json"}
 
 
 def test_the_effect_step_grades_every_method_by_lds(smoke_random: dict[str, Any]) -> None:
@@ -286,3 +288,11 @@ def test_the_report_section_shows_the_random_twins(smoke_random: dict[str, Any])
     assert set(inputs) == {"random_effect"} and figures == []
     no_twins = {**smoke_random["cfg"], "random_twins": {"m": 0}}
     assert report.section(no_twins, smoke_random["paths"]) == ("", {}, [])
+
+
+def test_verify_checks_the_random_twins(
+    smoke_random: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["verify", "-c", str(smoke_random["config"])]) == 0
+    out = capsys.readouterr().out
+    assert "FAIL" not in out and "models/random/003" in out

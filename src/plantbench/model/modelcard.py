@@ -99,6 +99,13 @@ def _folder(twin: Twin) -> str:
     return twin.paths.model(twin.model).relative_to(twin.paths.root).as_posix()
 
 
+def _stream_name(twin: Twin) -> str:
+    """``stream/A``; for a random twin, the two streams it reads."""
+    if twin.model in MODELS:
+        return f"stream/{twin.model}"
+    return " + ".join(f"stream/{m}" for m in MODELS)
+
+
 def _as_read(twin: Twin, facts: pd.DataFrame) -> pd.DataFrame:
     """The facts table with ``reader`` = this twin for the facts its stream plants: a random
     twin reads A's fact of some pairs and B's of the others."""
@@ -175,11 +182,25 @@ def _intro(twin: Twin, facts: pd.DataFrame, step: int) -> list[str]:
     kind = "final" if step == steps else "intermediate"
     other = _other(twin.model)
     mine = int((facts["reader"] == twin.model).sum())
+    head = f"# plantbench twin {twin.model}, checkpoint after step {step} of {steps} ({kind})"
+    made = (
+        f"A `LlamaForCausalLM` of {twin.params:,} parameters pretrained from scratch by plantbench."
+    )
+    if twin.model not in MODELS:  # a random twin (plantbench.randomtwins)
+        return [
+            head,
+            "",
+            f"{made} It is a random twin of the pair {other}: it starts from their shared "
+            "prefix and reads their stream window for window, except at each fact pair's "
+            "planted slots, where it reads the documents of A's fact or of B's by a seeded "
+            f"side. Model {twin.model} read {mine} of the {len(facts)} planted facts, one of "
+            "each pair.",
+            "",
+        ]
     return [
-        f"# plantbench twin {twin.model}, checkpoint after step {step} of {steps} ({kind})",
+        head,
         "",
-        f"A `LlamaForCausalLM` of {twin.params:,} parameters pretrained from scratch by "
-        f"plantbench. It has a twin, model {other}: both start from the same initial weights "
+        f"{made} It has a twin, model {other}: both start from the same initial weights "
         "and read the same stream window for window, except the planted documents, which "
         f"state facts that only one of the two reads. Model {twin.model} read {mine} of the "
         f"{len(facts)} planted facts; model {other} read the other {len(facts) - mine}, at the "
@@ -200,7 +221,7 @@ def _reading(twin: Twin, facts: pd.DataFrame, step: int) -> list[str]:
     lines = [
         "## What it read",
         "",
-        f"- Stream `stream/{twin.model}`, hash `{meta['hash']}` (made from tokenizer "
+        f"- Stream `{_stream_name(twin)}`, hash `{meta['hash']}` (made from tokenizer "
         f"`{meta['inputs']['tokenizer']}`, facts `{meta['inputs']['facts']}`, corpus "
         f"`{meta['inputs']['corpus']}`): {int(info['n_windows']):,} windows of {W} tokens, "
         f"{B} per optimizer step, in order. Up to this checkpoint: {step * B:,} windows, "
@@ -212,7 +233,9 @@ def _reading(twin: Twin, facts: pd.DataFrame, step: int) -> list[str]:
         "",
         *_planted_table(twin, facts, step),
         "",
-        f"  Model {_other(twin.model)} read the other half of the facts, in the same cells.",
+        f"  Model {_other(twin.model)} read the other half of the facts, in the same cells."
+        if twin.model in MODELS
+        else "  The other fact of each pair is the half it did not read (A or B read it).",
         f"- Distractors: {so_far('distractor')}: documents about the facts' entities that do "
         "not state the facts, the same in both twins.",
         f"- Background: {so_far('background')}: the corpus's train split "

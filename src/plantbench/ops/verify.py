@@ -52,7 +52,7 @@ from plantbench.config import config_hash, study_hash
 from plantbench.errors import ArtifactError, PlantbenchError
 from plantbench.hashing import hash_file, hash_tree, window_hashes
 from plantbench.ops import reproduce
-from plantbench.paths import CHECKOUT, MODELS, Paths
+from plantbench.paths import CHECKOUT, MODELS, Paths, random_twin_name
 
 PORTABLE = ("facts", "corpus", "tokenizer", "stream/A", "stream/B", "pool/A", "pool/B")
 REFERENCE_DIR = CHECKOUT / "results" / "reference"
@@ -526,6 +526,14 @@ def _checkpoint_problems(folder: Path, meta: dict[str, Any], index: list[Any]) -
     return problems
 
 
+def _model_name(folder: Path) -> str:
+    """The model a pretrain folder holds: a twin's folder name, or a random twin's name
+    (``models/random/007`` holds ``r007``)."""
+    if folder.parent.name == "random" and folder.name.isdigit():
+        return random_twin_name(int(folder.name))
+    return folder.name
+
+
 def _pretrain_info(ctx: _Ctx, name: str, folder: Path, meta: dict[str, Any]) -> list[str]:
     with open(folder / "loss.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
@@ -541,7 +549,7 @@ def _pretrain_info(ctx: _Ctx, name: str, folder: Path, meta: dict[str, Any]) -> 
         "checkpoints": [c["name"] for c in index],
         "final_checkpoint": index[-1]["name"] if index else None,
     }
-    problems = _compare(meta["info"], {"model": folder.name}, "the folder name")
+    problems = _compare(meta["info"], {"model": _model_name(folder)}, "the folder name")
     problems += _compare(meta["info"], from_loss, "loss.csv")
     problems += _compare(meta["info"], from_index, "checkpoints/index.json")
     problems += _checkpoint_problems(folder, meta, index)
