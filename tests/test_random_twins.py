@@ -264,7 +264,7 @@ def test_the_effect_step_grades_every_method_by_lds(smoke_random: dict[str, Any]
     meta = io.read_meta(p.random, "random_effect")
     answers = io.read_parquet(p.random / "answers.parquet")
     eff = io.read_parquet(p.random / "effects.parquet")
-    facts = io.read_parquet(p.causal / "facts.parquet")
+    facts = io.read_parquet(p.facts / "facts.parquet")  # the causal table has no pair column
     read = draws.reads(cfg, facts.sort_values("fact_id").reset_index(drop=True), range(4))
     ids = sorted(facts["fact_id"])
     for j, fid in enumerate(ids[:3]):  # the effect from the answers table, by hand

@@ -213,8 +213,10 @@ def optimizer_record(cfg: dict[str, Any]) -> dict[str, Any]:
 def run(cfg: dict[str, Any], paths: Paths, *, threads: int = 1) -> dict[str, Any]:
     torch.set_num_threads(threads)
     causal_meta = io.read_meta(paths.causal, "causal")
-    facts = io.read_parquet(paths.causal / "facts.parquet").sort_values("fact_id")
-    facts = facts.reset_index(drop=True)
+    io.read_meta(paths.facts, "facts")
+    pair = io.read_parquet(paths.facts / "facts.parquet")[["fact_id", "pair"]]  # the sides' key
+    facts = io.read_parquet(paths.causal / "facts.parquet").merge(pair, on="fact_id")
+    facts = facts.sort_values("fact_id").reset_index(drop=True)
     qdf = io.read_parquet(paths.facts / "queries.parquet")
     if draws.n_draws(cfg) < 4:
         raise ArtifactError("random_effect needs random_twins.m >= 4 draws (2 readers, 2 others)")

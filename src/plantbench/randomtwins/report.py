@@ -17,10 +17,10 @@ def _ci(row: pd.Series, key: str) -> str:
     return f"{row[key]:+.2f} [{row[f'{key}_lo']:+.2f}, {row[f'{key}_hi']:+.2f}]"
 
 
-def method_rows(grades: pd.DataFrame) -> list[dict[str, str]]:
+def method_rows(grades: pd.DataFrame) -> pd.DataFrame:
     """One row per method: AP, the controlled correlation against the A/B effect and both
     against the random-twin effect, and LDS, each with its interval."""
-    return [
+    rows = [
         {
             "method": str(r["method"]),
             "AP": f"{r['ap']:.3f}",
@@ -31,6 +31,7 @@ def method_rows(grades: pd.DataFrame) -> list[dict[str, str]]:
         }
         for _, r in grades.iterrows()
     ]
+    return pd.DataFrame(rows)
 
 
 def _effect_lines(info: dict[str, Any]) -> list[str]:
