@@ -164,6 +164,8 @@ def test_readme_patterns_parse(readme: str) -> None:
         _regex("features/<model>/ekfac_tracin/<checkpoint>"),
         _regex("features/<model>/trackstar"),  # only with trackstar
         _regex("models/prefix"),  # only with train.prefix_steps
+        _regex("models/random/<draw>"),  # only with random_twins.m
+        _regex("random"),
     }
 
 
