@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from plantbench import artifacts, io
+from plantbench import io
 from plantbench.config import config_hash
 from plantbench.data import tokenizer
 from plantbench.errors import ArtifactError
@@ -96,7 +96,7 @@ def read_draws(cfg: dict[str, Any], paths: Paths, facts: pd.DataFrame, qdf: pd.D
     for i, d in enumerate(ids):
         meta = check_twin(cfg, paths, facts, d, streams)
         hashes[f"random_{d:03d}"] = meta["hash"]
-        path = artifacts.final_checkpoint_path(paths, random_twin_name(d))
+        path = paths.checkpoints(random_twin_name(d)) / meta["info"]["final_checkpoint"]
         logp[i] = answer_logps(load_model(path, attn="sdpa"), tok, qdf, batch)
         log.info("random effect: answers of random twin %d of %d scored", d + 1, len(ids))
     return Draws(ids, draws.reads(cfg, facts, ids), logp, hashes)
@@ -222,7 +222,7 @@ def run(cfg: dict[str, Any], paths: Paths, *, threads: int = 1) -> dict[str, Any
         raise ArtifactError("random_effect needs random_twins.m >= 4 draws (2 readers, 2 others)")
     dr = read_draws(cfg, paths, facts, qdf)
     eff = effect_table(facts, fact_logps(facts, qdf, dr.logp), dr.read)
-    graded = lds.grade(cfg, paths, facts, qdf, dr.read, dr.logp, eff)
+    graded = lds.grade(cfg, paths, facts, qdf, dr.read, dr.logp, eff, causal_meta)
     out = paths.random
     out.mkdir(parents=True, exist_ok=True)
     io.write_parquet(out / "answers.parquet", answers_table(qdf, dr))

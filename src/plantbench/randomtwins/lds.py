@@ -12,7 +12,6 @@ sum. A method's LDS is the mean over queries with a percentile bootstrap interva
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -177,11 +176,12 @@ def grade(
     read: np.ndarray,
     logp: np.ndarray,
     eff: pd.DataFrame,
+    causal_meta: dict[str, Any],
 ) -> Graded:
     """Every method of the attribution table: AP, correlations against the A/B and the
     random-twin effect, LDS (per query, by cell, overall)."""
     tables, analysis_hash = _read_analysis(paths)
-    lineage = analysis.causal_lineage(paths, io.read_meta(paths.causal, "causal", verify=False))
+    lineage = analysis.causal_lineage(paths, causal_meta)
     inputs = {"analysis": analysis_hash}
     parts = []
     methods = analysis.method_names(cfg)
@@ -198,9 +198,3 @@ def grade(
         .reset_index()
     )
     return Graded(grades, by_cell, per_query, inputs, ranking(grades))
-
-
-def read_grades(folder: Path) -> pd.DataFrame:
-    """grades.csv of a finished random_effect artifact (its files checked)."""
-    io.read_meta(folder, "random_effect")
-    return pd.read_csv(folder / "grades.csv")
