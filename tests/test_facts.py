@@ -377,3 +377,17 @@ def test_any_generator_goes_through_the_verifier(cfg, tables, tmp_path, monkeypa
     with pytest.raises(PlantbenchError, match="D000000.*sentence-once"):
         facts.run(other, tmp_path / "out")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_answer_extra_syllables_widens_answers_and_keeps_the_rest(tables):
+    """``facts.answer_extra_syllables`` lengthens answers by whole syllables (seeded) on the
+    same grid of relations; 0 is the default grid."""
+    assert facts.build(load_cfg(answer_extra_syllables=0))["facts"].equals(tables["facts"])
+    wide = facts.build(load_cfg(answer_extra_syllables=3))
+    again = facts.build(load_cfg(answer_extra_syllables=3))
+    assert wide["facts"].equals(again["facts"])
+    base, new = tables["facts"], wide["facts"]
+    assert (base.fact_id == new.fact_id).all() and (base.relation == new.relation).all()
+    assert (base.cell == new.cell).all() and (base.pair == new.pair).all()
+    assert new.answer.str.len().std() > base.answer.str.len().std()
+    assert new.answer.str.len().mean() > base.answer.str.len().mean() + 2

@@ -795,7 +795,9 @@ def template_generator(cfg: Mapping[str, Any]) -> Tables:
     relation_of = _assign_relations(seed, fc)
     grid = _grid(fc)
 
-    facts, profiles, shapes = _template_facts(grid, relation_of, names)
+    extra = int(fc.get("answer_extra_syllables", 0))
+    widen = rng(seed, STAGE, "answer-length") if extra else None
+    facts, profiles, shapes = _template_facts(grid, relation_of, names, widen, extra)
     candidates = _template_candidates(seed, fc, facts, shapes, names)
     documents, distractors = _template_documents(seed, fc, facts, profiles)
     queries = _template_queries(facts)
@@ -814,16 +816,21 @@ def _template_facts(
     grid: list[dict[str, Any]],
     relation_of: Mapping[tuple[str, int, str, int], str],
     names: Names,
+    widen: np.random.Generator | None = None,
+    extra: int = 0,
 ) -> tuple[list[dict[str, Any]], list[dict[str, str]], list[_Shape]]:
     """One fact row per grid row (with its question as ``_question``, until the queries are
     made), its entity's profile and its answer's shape. Draws from ``names.gen`` in grid order:
-    the profile, the shape, then the answer's roots."""
+    the profile, the shape, then the answer's roots. With ``widen``, every root of the shape is
+    0 to ``extra`` syllables longer (drawn from ``widen``, so ``extra = 0`` changes no fact)."""
     facts, profiles, shapes = [], [], []
     for i, g in enumerate(grid):
         relation = relation_of[(g["domain"], g["n_docs"], g["position"], g["pair"])]
         spec = RELATIONS[relation]
         prof = profile(spec["entity_type"], names, names.gen)
         shape = spec["shapes"][names.gen.integers(len(spec["shapes"]))]
+        if widen is not None:
+            shape = _lengthened(shape, extra, widen)
         answer = names.fill(shape)
         subs = {**prof, "A": answer}
         facts.append(
@@ -847,6 +854,13 @@ def _template_facts(
         profiles.append(prof)
         shapes.append(shape)
     return facts, profiles, shapes
+
+
+def _lengthened(shape: _Shape, extra: int, gen: np.random.Generator) -> _Shape:
+    """``shape`` with each root 0 to ``extra`` syllables longer (uniform, seeded): answers whose
+    lengths in tokens vary more (``facts.answer_extra_syllables``); the candidates share it."""
+    template, specs = shape
+    return template, tuple((n + int(gen.integers(extra + 1)), case) for n, case in specs)
 
 
 def _template_candidates(
