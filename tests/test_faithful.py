@@ -1,0 +1,44 @@
+"""The faithful preset (``workflow/presets/faithful.yaml``): seed 003's central finding at a
+size two cores can run. Its measurement is docs/results/2026-12-06-central-finding.md; here:
+it is a valid config that changes what the page says it changes, and its DAG plans."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from plantbench import config
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESET = ROOT / "workflow" / "presets" / "faithful.yaml"
+
+
+def test_the_preset_is_a_valid_config_with_wider_answers_beside_the_default() -> None:
+    default = config.load([ROOT / "config.yaml"])
+    cfg = config.load([ROOT / "config.yaml", PRESET])
+    assert cfg["results"] != default["results"]  # never the default study's folder
+    assert cfg["facts"]["answer_extra_syllables"] >= 1
+    assert "answer_extra_syllables" not in default["facts"]
+    assert cfg["model"] == default["model"]  # the same twins' shape: only data and scale change
+
+
+def test_the_preset_plans_the_whole_study(tmp_path: Path) -> None:
+    over = tmp_path / "over.yaml"
+    over.write_text(json.dumps({"results": str(tmp_path / "results")}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--quiet", "rules"]
+        + ["--configfile", str(PRESET), str(over)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    counts = {
+        p[0]: int(p[1])
+        for p in (line.split() for line in proc.stdout.splitlines())
+        if len(p) == 2 and p[1].isdigit()
+    }
+    assert counts["pretrain"] == 2 and counts["report"] == 1 and counts["analysis"] == 1
