@@ -36,3 +36,13 @@ def snakemake(
         *extra,
     ]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+def planned_jobs(results: Path, *configfiles: str) -> dict[str, int]:
+    """Rule -> job count of a dry run of ``config.yaml`` with ``configfiles`` over it."""
+    proc = snakemake(
+        results, "-n", "--quiet", "rules", configfiles=configfiles, base=("config.yaml",)
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = (line.split() for line in proc.stdout.splitlines())
+    return {p[0]: int(p[1]) for p in rows if len(p) == 2 and p[1].isdigit()}

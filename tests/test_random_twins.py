@@ -4,8 +4,6 @@ error and LDS, on hand-made numbers and on random twins trained at the smoke siz
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ from plantbench import cli, config, io
 from plantbench.data.stream import open_stream
 from plantbench.paths import MODELS, Paths, random_twin_name
 from plantbench.randomtwins import draws, effect, lds
+from smokerun import planned_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,31 +109,7 @@ def test_the_mean_interval_brackets_the_mean() -> None:
 
 
 def test_the_preset_plans_one_job_per_random_twin(tmp_path: Path) -> None:
-    over = tmp_path / "over.yaml"
-    over.write_text(json.dumps({"results": str(tmp_path / "results")}))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "-n",
-            "--quiet",
-            "rules",
-            "--configfile",
-            "workflow/presets/random_twins.yaml",
-            str(over),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    counts = dict(
-        (p[0], int(p[1]))
-        for p in (line.split() for line in proc.stdout.splitlines())
-        if len(p) == 2 and p[1].isdigit()
-    )
+    counts = planned_jobs(tmp_path / "results", "workflow/presets/random_twins.yaml")
     assert counts.get("random_twin", 0) >= 16 and counts["random_effect"] == 1
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -796,8 +797,8 @@ def template_generator(cfg: Mapping[str, Any]) -> Tables:
     grid = _grid(fc)
 
     extra = int(fc.get("answer_extra_syllables", 0))
-    widen = rng(seed, STAGE, "answer-length") if extra else None
-    facts, profiles, shapes = _template_facts(grid, relation_of, names, widen, extra)
+    widen = _Widen(extra, rng(seed, STAGE, "answer-length")) if extra else None
+    facts, profiles, shapes = _template_facts(grid, relation_of, names, widen)
     candidates = _template_candidates(seed, fc, facts, shapes, names)
     documents, distractors = _template_documents(seed, fc, facts, profiles)
     queries = _template_queries(facts)
@@ -816,13 +817,13 @@ def _template_facts(
     grid: list[dict[str, Any]],
     relation_of: Mapping[tuple[str, int, str, int], str],
     names: Names,
-    widen: np.random.Generator | None = None,
-    extra: int = 0,
+    widen: _Widen | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, str]], list[_Shape]]:
     """One fact row per grid row (with its question as ``_question``, until the queries are
     made), its entity's profile and its answer's shape. Draws from ``names.gen`` in grid order:
     the profile, the shape, then the answer's roots. With ``widen``, every root of the shape is
-    0 to ``extra`` syllables longer (drawn from ``widen``, so ``extra = 0`` changes no fact)."""
+    0 to ``widen.extra`` syllables longer (drawn from its own stream: without it, no fact
+    changes)."""
     facts, profiles, shapes = [], [], []
     for i, g in enumerate(grid):
         relation = relation_of[(g["domain"], g["n_docs"], g["position"], g["pair"])]
@@ -830,7 +831,7 @@ def _template_facts(
         prof = profile(spec["entity_type"], names, names.gen)
         shape = spec["shapes"][names.gen.integers(len(spec["shapes"]))]
         if widen is not None:
-            shape = _lengthened(shape, extra, widen)
+            shape = widen.lengthen(shape)
         answer = names.fill(shape)
         subs = {**prof, "A": answer}
         facts.append(
@@ -856,11 +857,18 @@ def _template_facts(
     return facts, profiles, shapes
 
 
-def _lengthened(shape: _Shape, extra: int, gen: np.random.Generator) -> _Shape:
-    """``shape`` with each root 0 to ``extra`` syllables longer (uniform, seeded): answers whose
-    lengths in tokens vary more (``facts.answer_extra_syllables``); the candidates share it."""
-    template, specs = shape
-    return template, tuple((n + int(gen.integers(extra + 1)), case) for n, case in specs)
+@dataclass(frozen=True)
+class _Widen:
+    """``facts.answer_extra_syllables``: every root of an answer 0 to ``extra`` syllables
+    longer (uniform, from ``gen``), so answer lengths in tokens vary more."""
+
+    extra: int
+    gen: np.random.Generator
+
+    def lengthen(self, shape: _Shape) -> _Shape:
+        """``shape`` with longer roots; the fact's candidates share it."""
+        template, specs = shape
+        return template, tuple((n + int(self.gen.integers(self.extra + 1)), c) for n, c in specs)
 
 
 def _template_candidates(
