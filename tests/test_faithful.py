@@ -1,5 +1,6 @@
-"""The faithful preset (``workflow/presets/faithful.yaml``): seed 003's central finding at a
-size two cores can run. Its measurement is docs/results/2026-12-06-central-finding.md; here:
+"""The faithful preset (``workflow/presets/faithful.yaml``): answers whose lengths vary more, for
+seed 003's central finding at a size two cores can run (shown on one draw of facts, not on a
+second). Its measurement is docs/results/2026-12-06-central-finding.md; here:
 it is a valid config that changes what the page says it changes, and its DAG plans."""
 
 from __future__ import annotations
