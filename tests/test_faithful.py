@@ -1,6 +1,6 @@
-"""The faithful preset (``workflow/presets/faithful.yaml``): answers whose lengths vary more, 12
-facts per cell and the reading curriculum off, for seed 003's central finding at a size two cores
-can run. Its measurement is docs/results/2026-12-06-central-finding.md (arms 10 and 11); here:
+"""The faithful preset (``workflow/presets/faithful.yaml``): answers whose lengths vary more, the
+seed's 22 facts per cell and the reading curriculum off, for seed 003's central finding at a size
+two cores can run. Its measurement is docs/results/2026-12-06-central-finding.md (arm 12); here:
 it is a valid config that changes what the page says it changes, and its DAG plans."""
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ def test_the_preset_is_a_valid_config_with_wider_answers_beside_the_default() ->
     assert cfg["results"] != default["results"]  # never the default study's folder
     assert cfg["facts"]["answer_extra_syllables"] >= 1
     assert "answer_extra_syllables" not in default["facts"]
-    assert cfg["facts"]["facts_per_cell"] == 2 * default["facts"]["facts_per_cell"]
+    # the seed's cells (22 facts each: 11 per twin), as in the paper preset
+    paper = config.load([ROOT / "config.yaml", ROOT / "workflow" / "presets" / "paper.yaml"])
+    assert cfg["facts"]["facts_per_cell"] == paper["facts"]["facts_per_cell"] == 11
+    assert cfg["facts"]["facts_per_cell"] > default["facts"]["facts_per_cell"]
     # the reading curriculum off, where the default keeps it on (the suites need it)
     assert cfg["stream"]["recall"]["prefix_share"] == cfg["stream"]["recall"]["paired_share"] == 0
     assert default["stream"]["recall"]["prefix_share"] > 0
